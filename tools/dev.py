@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""One entry point for the developer loop; the justfile and .ci/run call it.
+
+    python3 tools/dev.py deps                 install what the tests/examples need
+    python3 tools/dev.py build [--backend B]  no-Nix build (tools/build.py)
+    python3 tools/dev.py test [pytest args]   deps + build + the test suite
+    python3 tools/dev.py example N            deps + build + examples/N_*.py
+    python3 tools/dev.py bench [args]         deps + build + `kernels benchmark .`
+    python3 tools/dev.py cuda-compile         compile every CUDA unit for sm_80 and sm_90a (no GPU)
+
+Each command installs and builds what it needs, so it works from a fresh clone.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HUB_ID = "maxsim/maxsim"
+# The CPU build of torch this project is developed against; any torch >= 2.4 works.
+TORCH_SPEC = os.environ.get("MAXSIM_TORCH_SPEC", "torch==2.13.0")
+
+
+def run(cmd: list[str], **kw) -> None:
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, cwd=kw.pop("cwd", ROOT), **kw)
+
+
+def pip_install(*specs: str) -> None:
+    run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", *specs])
+
+
+def deps() -> None:
+    if importlib.util.find_spec("torch") is None:
+        pip_install(TORCH_SPEC)
+    missing = [m for m in ("kernels", "pytest", "hypothesis", "numpy", "tabulate")
+               if importlib.util.find_spec(m) is None]
+    if missing:
+        pip_install("-r", str(ROOT / "requirements-dev.txt"))
+
+
+def build_all() -> None:
+    import torch
+
+    run([sys.executable, "tools/build.py", "--backend", "cpu"])
+    if torch.version.cuda and torch.cuda.is_available():
+        run([sys.executable, "tools/build.py", "--backend", "cuda"])
+
+
+def user_env() -> dict[str, str]:
+    """Environment under which get_kernel(HUB_ID, version=1) resolves to this checkout."""
+    env = dict(os.environ)
+    env["LOCAL_KERNELS"] = f"{HUB_ID}={ROOT}"
+    env["HF_HUB_OFFLINE"] = "1"
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def cuda_compile() -> None:
+    """Compile each CUDA translation unit for the oldest and newest targets, torch-free."""
+    nvcc = os.environ.get("NVCC", "/usr/local/cuda/bin/nvcc")
+    units = sorted((ROOT / "maxsim_cuda").rglob("*.cu"))
+    if not units:
+        print("no CUDA units yet")
+        return
+    out = ROOT / "build" / ".cuda-compile"
+    out.mkdir(parents=True, exist_ok=True)
+    for unit in units:
+        run([nvcc, "-std=c++17", "-O3", "--expt-relaxed-constexpr", f"-I{ROOT}",
+             "-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90a,code=sm_90a",
+             "-c", str(unit), "-o", str(out / (unit.stem + ".o"))])
+
+
+def main(argv: list[str]) -> None:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return
+    command, rest = argv[0], argv[1:]
+    if command == "deps":
+        deps()
+    elif command == "build":
+        deps()
+        run([sys.executable, "tools/build.py", *rest])
+    elif command == "test":
+        deps()
+        build_all()
+        run([sys.executable, "-m", "pytest", "tests", *rest], env=user_env())
+    elif command == "example":
+        deps()
+        build_all()
+        if not rest:
+            raise SystemExit("usage: dev.py example N")
+        matches = sorted((ROOT / "examples").glob(f"{int(rest[0]):02d}_*.py"))
+        if not matches:
+            raise SystemExit(f"no example numbered {rest[0]}")
+        run([sys.executable, str(matches[0]), *rest[1:]], env=user_env())
+    elif command == "bench":
+        deps()
+        build_all()
+        run(["kernels", "benchmark", "./", *rest], env=user_env())
+    elif command == "cuda-compile":
+        cuda_compile()
+    else:
+        raise SystemExit(f"unknown command {command!r}\n{__doc__}")
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except subprocess.CalledProcessError as e:
+        sys.exit(e.returncode)

@@ -1,0 +1,51 @@
+"""maxsim: exact MaxSim (late-interaction scoring) without the [Lq, Ld] similarity matrix.
+
+score(q, d) = sum_i max_j <q_i, d_j>, for padded reranking, ragged pair grids (packed)
+and in-batch contrastive scoring, each with `_with_argmax` and autograd `_train` forms,
+plus pure-PyTorch references.
+"""
+from ._api import (
+    score_candidates_padded,
+    score_candidates_padded_train,
+    score_candidates_padded_with_argmax,
+    score_contrastive,
+    score_contrastive_train,
+    score_contrastive_with_argmax,
+    score_pairs_packed,
+    score_pairs_packed_train,
+    score_pairs_packed_with_argmax,
+)
+from ._reference import (
+    maxsim_reference,
+    score_candidates_padded_backward_reference,
+    score_candidates_padded_reference,
+    score_candidates_padded_with_argmax_reference,
+    score_contrastive_backward_reference,
+    score_contrastive_reference,
+    score_contrastive_with_argmax_reference,
+    score_pairs_packed_backward_reference,
+    score_pairs_packed_reference,
+    score_pairs_packed_with_argmax_reference,
+)
+
+__all__ = [
+    "maxsim_reference",
+    "score_candidates_padded",
+    "score_candidates_padded_backward_reference",
+    "score_candidates_padded_reference",
+    "score_candidates_padded_train",
+    "score_candidates_padded_with_argmax",
+    "score_candidates_padded_with_argmax_reference",
+    "score_contrastive",
+    "score_contrastive_backward_reference",
+    "score_contrastive_reference",
+    "score_contrastive_train",
+    "score_contrastive_with_argmax",
+    "score_contrastive_with_argmax_reference",
+    "score_pairs_packed",
+    "score_pairs_packed_backward_reference",
+    "score_pairs_packed_reference",
+    "score_pairs_packed_train",
+    "score_pairs_packed_with_argmax",
+    "score_pairs_packed_with_argmax_reference",
+]

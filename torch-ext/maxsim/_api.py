@@ -1,0 +1,159 @@
+"""Public entry points: validate, make contiguous, call the op for the tensors' device.
+
+Each surface has three forms sharing one op: the score, the score with the winning
+document-token index per query token (`_with_argmax`), and a differentiable score
+(`_train`) whose backward is driven by that argmax.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import _validate as check
+from ._ops import ops
+from . import _registration  # noqa: F401  (registers fake kernels and autograd)
+
+
+# ---- padded ------------------------------------------------------------------------------
+
+def _padded_args(queries, documents, query_lengths, doc_lengths):
+    check.embeddings("queries", queries, 3, "[B, Lq, D]")
+    check.embeddings("documents", documents, 4, "[B, C, Ld, D]")
+    check.same_dtype_and_dim(queries, documents)
+    b, lq = queries.shape[0], queries.shape[1]
+    if documents.shape[0] != b:
+        raise ValueError(
+            f"documents must have B = {b} rows like queries, got shape {tuple(documents.shape)}"
+        )
+    c, ld = documents.shape[1], documents.shape[2]
+    check.index("query_lengths", query_lengths, (b,))
+    check.index("doc_lengths", doc_lengths, (b, c))
+    check.same_device(queries=queries, documents=documents, query_lengths=query_lengths,
+                      doc_lengths=doc_lengths)
+    check.lengths_in_range("query_lengths", query_lengths, lq, "Lq")
+    check.lengths_in_range("doc_lengths", doc_lengths, ld, "Ld")
+    return (queries.contiguous(), documents.contiguous(), query_lengths.contiguous(),
+            doc_lengths.contiguous())
+
+
+def score_candidates_padded(queries, documents, query_lengths, doc_lengths):
+    """MaxSim of each query against its candidates.
+
+    queries [B, Lq, D], documents [B, C, Ld, D], query_lengths [B], doc_lengths [B, C]
+    -> scores [B, C] float32.
+    """
+    args = _padded_args(queries, documents, query_lengths, doc_lengths)
+    return ops.padded_forward(*args, False)[0]
+
+
+def score_candidates_padded_with_argmax(queries, documents, query_lengths, doc_lengths):
+    """Like score_candidates_padded, plus argmax [B, C, Lq] int32 (-1 where unmatched)."""
+    args = _padded_args(queries, documents, query_lengths, doc_lengths)
+    return ops.padded_forward(*args, True)
+
+
+def score_candidates_padded_train(queries, documents, query_lengths, doc_lengths):
+    """Differentiable score_candidates_padded (gradients for queries and documents)."""
+    args = _padded_args(queries, documents, query_lengths, doc_lengths)
+    return ops.padded_forward(*args, True)[0]
+
+
+# ---- contrastive -------------------------------------------------------------------------
+
+def _contrastive_args(queries, documents, document_offsets, query_lengths):
+    check.embeddings("queries", queries, 3, "[Nq, Lq, D]")
+    check.embeddings("documents", documents, 2, "[total_doc_tokens, D]")
+    check.same_dtype_and_dim(queries, documents)
+    check.index("document_offsets", document_offsets, None)
+    check.offsets("document_offsets", document_offsets, documents.shape[0], "documents.shape[0]")
+    if query_lengths is not None:
+        check.index("query_lengths", query_lengths, (queries.shape[0],))
+        check.lengths_in_range("query_lengths", query_lengths, queries.shape[1], "Lq")
+        query_lengths = query_lengths.contiguous()
+    check.same_device(queries=queries, documents=documents, document_offsets=document_offsets,
+                      query_lengths=query_lengths)
+    return queries.contiguous(), documents.contiguous(), document_offsets.contiguous(), query_lengths
+
+
+def score_contrastive(queries, documents, document_offsets, *, query_lengths=None):
+    """Every query against every document.
+
+    queries [Nq, Lq, D], documents [total_doc_tokens, D] packed, document_offsets [Nb + 1],
+    optional query_lengths [Nq] (default: all Lq positions count) -> scores [Nq, Nb] float32.
+    """
+    args = _contrastive_args(queries, documents, document_offsets, query_lengths)
+    return ops.contrastive_forward(*args, False)[0]
+
+
+def score_contrastive_with_argmax(queries, documents, document_offsets, *, query_lengths=None):
+    """Like score_contrastive, plus argmax [Nq, Nb, Lq] int32 (-1 where unmatched)."""
+    args = _contrastive_args(queries, documents, document_offsets, query_lengths)
+    return ops.contrastive_forward(*args, True)
+
+
+def score_contrastive_train(queries, documents, document_offsets, *, query_lengths=None):
+    """Differentiable score_contrastive, e.g. for in-batch-negative (InfoNCE) training."""
+    args = _contrastive_args(queries, documents, document_offsets, query_lengths)
+    return ops.contrastive_forward(*args, True)[0]
+
+
+# ---- packed ------------------------------------------------------------------------------
+
+def _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids,
+                 pair_document_ids, max_q_len, need_width):
+    check.embeddings("queries", queries, 2, "[total_query_tokens, D]")
+    check.embeddings("documents", documents, 2, "[total_doc_tokens, D]")
+    check.same_dtype_and_dim(queries, documents)
+    check.index("query_offsets", query_offsets, None)
+    check.index("document_offsets", document_offsets, None)
+    check.index("pair_query_ids", pair_query_ids, None)
+    check.index("pair_document_ids", pair_document_ids, (pair_query_ids.shape[0],))
+    check.same_device(queries=queries, query_offsets=query_offsets, documents=documents,
+                      document_offsets=document_offsets, pair_query_ids=pair_query_ids,
+                      pair_document_ids=pair_document_ids)
+    check.offsets("query_offsets", query_offsets, queries.shape[0], "queries.shape[0]")
+    check.offsets("document_offsets", document_offsets, documents.shape[0], "documents.shape[0]")
+    n_queries, n_docs = query_offsets.shape[0] - 1, document_offsets.shape[0] - 1
+    check.ids_in_range("pair_query_ids", pair_query_ids, n_queries, "number of queries")
+    check.ids_in_range("pair_document_ids", pair_document_ids, n_docs, "number of documents")
+    if max_q_len is not None:
+        check.max_q_len(max_q_len, query_offsets)
+    elif need_width:
+        # The argmax width is the longest query: reading it is a host sync on a GPU.
+        max_q_len = int((query_offsets[1:] - query_offsets[:-1]).max()) if n_queries > 0 else 0
+    else:
+        max_q_len = -1
+    return (queries.contiguous(), query_offsets.contiguous(), documents.contiguous(),
+            document_offsets.contiguous(), pair_query_ids.contiguous(),
+            pair_document_ids.contiguous(), max_q_len)
+
+
+def score_pairs_packed(queries, query_offsets, documents, document_offsets, pair_query_ids,
+                       pair_document_ids, *, max_q_len=None):
+    """MaxSim of arbitrary (query, document) pairs over packed ragged segments.
+
+    queries [total_q, D], query_offsets [Nq + 1], documents [total_d, D],
+    document_offsets [Nd + 1], pair_query_ids [P], pair_document_ids [P] -> scores [P].
+    `max_q_len`, if given, must be at least the longest query segment.
+    """
+    args = _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids,
+                        pair_document_ids, max_q_len, need_width=False)
+    return ops.packed_forward(*args, False)[0]
+
+
+def score_pairs_packed_with_argmax(queries, query_offsets, documents, document_offsets,
+                                   pair_query_ids, pair_document_ids, *, max_q_len=None):
+    """Like score_pairs_packed, plus argmax [P, max_q_len] int32 (-1 where unmatched).
+
+    Without max_q_len the width is read from query_offsets (a host sync on a GPU).
+    """
+    args = _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids,
+                        pair_document_ids, max_q_len, need_width=True)
+    return ops.packed_forward(*args, True)
+
+
+def score_pairs_packed_train(queries, query_offsets, documents, document_offsets,
+                             pair_query_ids, pair_document_ids, *, max_q_len=None):
+    """Differentiable score_pairs_packed (gradients for queries and documents)."""
+    args = _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids,
+                        pair_document_ids, max_q_len, need_width=True)
+    return ops.packed_forward(*args, True)[0]

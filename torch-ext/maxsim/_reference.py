@@ -1,0 +1,190 @@
+"""Pure-PyTorch MaxSim: the executable specification the kernels are tested against.
+
+These functions materialise every similarity matrix, so they are for tests and
+small inputs. They follow the same rules as the kernels: padding never counts, ties
+go to the lowest document index, NaN propagates like torch.max, an empty query scores
+0, a non-empty query against an empty document scores -inf, and unmatched positions
+have argmax -1 and no gradient. Arithmetic is float32 (float64 for float64 inputs).
+"""
+from __future__ import annotations
+
+import torch
+
+
+def _acc_dtype(t: torch.Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _reduce(sims: torch.Tensor, q_len: torch.Tensor, d_len: torch.Tensor):
+    """sims [..., Lq, Ld] -> (scores [...], argmax [..., Lq] int32) under the masking rules."""
+    lq, ld = sims.shape[-2], sims.shape[-1]
+    q_valid = torch.arange(lq, device=sims.device) < q_len.unsqueeze(-1)  # [..., Lq]
+    d_valid = torch.arange(ld, device=sims.device) < d_len.unsqueeze(-1)  # [..., Ld]
+    if ld == 0:
+        best = torch.full(sims.shape[:-1], float("-inf"), dtype=sims.dtype, device=sims.device)
+        arg = torch.full(sims.shape[:-1], -1, dtype=torch.int64, device=sims.device)
+    else:
+        masked = sims.masked_fill(~d_valid.unsqueeze(-2), float("-inf"))
+        best, arg = masked.max(dim=-1)
+    has_doc = (d_len > 0).unsqueeze(-1)
+    matched = q_valid & has_doc
+    arg = torch.where(matched, arg, torch.full_like(arg, -1)).to(torch.int32)
+    scores = torch.where(q_valid, best, torch.zeros_like(best)).sum(dim=-1)
+    return scores, arg
+
+
+def _segments_to_padded(tokens: torch.Tensor, offsets: torch.Tensor, width: int | None = None):
+    """Packed rows + CSR offsets -> ([N, width, D] zero-padded copy, lengths [N])."""
+    offsets = offsets.to(torch.int64)
+    lengths = offsets[1:] - offsets[:-1]
+    n = lengths.numel()
+    width = int(lengths.max()) if width is None and n > 0 else (width or 0)
+    pos = torch.arange(width, device=tokens.device)
+    rows = offsets[:-1].unsqueeze(1) + pos
+    valid = pos < lengths.unsqueeze(1)
+    rows = torch.where(valid, rows, torch.zeros_like(rows))
+    if tokens.shape[0] == 0:
+        padded = tokens.new_zeros(n, width, tokens.shape[-1])
+    else:
+        padded = tokens[rows] * valid.unsqueeze(-1).to(tokens.dtype)
+    return padded, lengths
+
+
+def maxsim_reference(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """MaxSim of one query [Lq, D] against one document [Ld, D] -> 0-d score."""
+    acc = _acc_dtype(q)
+    scores, _ = _reduce(
+        (q.to(acc) @ d.to(acc).T).unsqueeze(0),
+        torch.tensor([q.shape[0]], device=q.device),
+        torch.tensor([d.shape[0]], device=q.device),
+    )
+    return scores[0]
+
+
+# ---- padded: queries [B, Lq, D], documents [B, C, Ld, D] -------------------------------
+
+def score_candidates_padded_with_argmax_reference(queries, documents, query_lengths, doc_lengths):
+    acc = _acc_dtype(queries)
+    sims = torch.einsum("bqd,bcld->bcql", queries.to(acc), documents.to(acc))
+    q_len = query_lengths.to(torch.int64).unsqueeze(1).expand(doc_lengths.shape)
+    return _reduce(sims, q_len, doc_lengths.to(torch.int64))
+
+
+def score_candidates_padded_reference(queries, documents, query_lengths, doc_lengths):
+    return score_candidates_padded_with_argmax_reference(
+        queries, documents, query_lengths, doc_lengths
+    )[0]
+
+
+def _gather_rows(tokens_by_pair: torch.Tensor, argmax: torch.Tensor) -> torch.Tensor:
+    """tokens_by_pair [P, Ld, D], argmax [P, Lq] -> the matched rows [P, Lq, D] (0 where -1)."""
+    safe = argmax.clamp(min=0).to(torch.int64)
+    rows = torch.gather(
+        tokens_by_pair, 1, safe.unsqueeze(-1).expand(*safe.shape, tokens_by_pair.shape[-1])
+    )
+    return rows * (argmax >= 0).unsqueeze(-1).to(rows.dtype)
+
+
+def score_candidates_padded_backward_reference(
+    grad_scores, queries, documents, query_lengths, doc_lengths, argmax
+):
+    """Gradients of sum(grad_scores * scores) given the forward's argmax."""
+    acc = _acc_dtype(queries)
+    b, c, ld, dim = documents.shape
+    g = grad_scores.to(acc)
+    matched = argmax >= 0  # [B, C, Lq]
+    docs = documents.to(acc).reshape(b * c, ld, dim)
+    rows = _gather_rows(docs, argmax.reshape(b * c, -1)).reshape(b, c, -1, dim)
+    grad_q = (g[:, :, None, None] * rows).sum(dim=1)
+    contrib = (g[:, :, None, None] * queries.to(acc)[:, None]) * matched.unsqueeze(-1)
+    grad_d = torch.zeros(b * c, ld, dim, dtype=acc, device=queries.device)
+    flat_arg = argmax.clamp(min=0).to(torch.int64).reshape(b * c, -1)
+    grad_d.scatter_add_(1, flat_arg.unsqueeze(-1).expand(-1, -1, dim), contrib.reshape(b * c, -1, dim))
+    return grad_q.to(queries.dtype), grad_d.reshape(documents.shape).to(documents.dtype)
+
+
+# ---- contrastive: queries [Nq, Lq, D] x packed documents -------------------------------
+
+def score_contrastive_with_argmax_reference(queries, documents, document_offsets, query_lengths=None):
+    acc = _acc_dtype(queries)
+    nq, lq, _ = queries.shape
+    docs, d_len = _segments_to_padded(documents.to(acc), document_offsets)
+    sims = torch.einsum("qid,njd->qnij", queries.to(acc), docs)
+    if query_lengths is None:
+        query_lengths = torch.full((nq,), lq, dtype=torch.int64, device=queries.device)
+    q_len = query_lengths.to(torch.int64).unsqueeze(1).expand(nq, d_len.numel())
+    return _reduce(sims, q_len, d_len.unsqueeze(0).expand(nq, -1))
+
+
+def score_contrastive_reference(queries, documents, document_offsets, query_lengths=None):
+    return score_contrastive_with_argmax_reference(
+        queries, documents, document_offsets, query_lengths
+    )[0]
+
+
+def score_contrastive_backward_reference(
+    grad_scores, queries, documents, document_offsets, argmax, query_lengths=None
+):
+    acc = _acc_dtype(queries)
+    nq, nb = grad_scores.shape
+    starts = document_offsets.to(torch.int64)[:-1]  # [Nb]
+    g = grad_scores.to(acc)
+    matched = argmax >= 0  # [Nq, Nb, Lq]
+    rows_idx = (starts[None, :, None] + argmax.clamp(min=0).to(torch.int64))  # [Nq, Nb, Lq]
+    rows_idx = torch.where(matched, rows_idx, torch.zeros_like(rows_idx))
+    docs = documents.to(acc)
+    if docs.shape[0] == 0:
+        gathered = docs.new_zeros(*rows_idx.shape, docs.shape[-1])
+    else:
+        gathered = docs[rows_idx] * matched.unsqueeze(-1)
+    grad_q = (g[:, :, None, None] * gathered).sum(dim=1)
+    contrib = (g[:, :, None, None] * queries.to(acc)[:, None]) * matched.unsqueeze(-1)
+    grad_d = torch.zeros_like(docs)
+    grad_d.index_add_(0, rows_idx.reshape(-1), contrib.reshape(-1, docs.shape[-1]))
+    return grad_q.to(queries.dtype), grad_d.to(documents.dtype)
+
+
+# ---- packed: arbitrary (query segment, document segment) pairs --------------------------
+
+def score_pairs_packed_with_argmax_reference(
+    queries, query_offsets, documents, document_offsets, pair_query_ids, pair_document_ids,
+    *, max_q_len=None,
+):
+    acc = _acc_dtype(queries)
+    q_pad, q_len = _segments_to_padded(queries.to(acc), query_offsets, max_q_len)
+    d_pad, d_len = _segments_to_padded(documents.to(acc), document_offsets)
+    qi, di = pair_query_ids.to(torch.int64), pair_document_ids.to(torch.int64)
+    sims = torch.einsum("pid,pjd->pij", q_pad[qi], d_pad[di])
+    return _reduce(sims, q_len[qi], d_len[di])
+
+
+def score_pairs_packed_reference(
+    queries, query_offsets, documents, document_offsets, pair_query_ids, pair_document_ids,
+    *, max_q_len=None,
+):
+    return score_pairs_packed_with_argmax_reference(
+        queries, query_offsets, documents, document_offsets, pair_query_ids, pair_document_ids,
+        max_q_len=max_q_len,
+    )[0]
+
+
+def score_pairs_packed_backward_reference(
+    grad_scores, queries, query_offsets, documents, document_offsets,
+    pair_query_ids, pair_document_ids, argmax,
+):
+    acc = _acc_dtype(queries)
+    q_start = query_offsets.to(torch.int64)[pair_query_ids.to(torch.int64)]  # [P]
+    d_start = document_offsets.to(torch.int64)[pair_document_ids.to(torch.int64)]
+    width = argmax.shape[1]
+    matched = argmax >= 0  # [P, W]
+    q_rows = q_start[:, None] + torch.arange(width, device=queries.device)
+    d_rows = d_start[:, None] + argmax.clamp(min=0).to(torch.int64)
+    q_rows = torch.where(matched, q_rows, torch.zeros_like(q_rows)).reshape(-1)
+    d_rows = torch.where(matched, d_rows, torch.zeros_like(d_rows)).reshape(-1)
+    g = (grad_scores.to(acc)[:, None] * matched).reshape(-1, 1)
+    q, d = queries.to(acc), documents.to(acc)
+    grad_q, grad_d = torch.zeros_like(q), torch.zeros_like(d)
+    if matched.any():
+        grad_q.index_add_(0, q_rows, g * d[d_rows])
+        grad_d.index_add_(0, d_rows, g * q[q_rows])
+    return grad_q.to(queries.dtype), grad_d.to(documents.dtype)

@@ -1,0 +1,49 @@
+// Op schemas and per-backend registration. Validation, autograd and fake (meta)
+// implementations live in the Python package; this file only wires names to kernels.
+#include <torch/library.h>
+
+#include "registration.h"
+#include "torch_binding.h"
+
+#define MAXSIM_IMPL_BACKEND(ops, key, ns)                              \
+  ops.impl("padded_forward", key, &ns::padded_forward);               \
+  ops.impl("contrastive_forward", key, &ns::contrastive_forward);     \
+  ops.impl("packed_forward", key, &ns::packed_forward);               \
+  ops.impl("padded_backward", key, &ns::padded_backward);             \
+  ops.impl("contrastive_backward", key, &ns::contrastive_backward);   \
+  ops.impl("packed_backward", key, &ns::packed_backward);
+
+TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
+  ops.def(
+      "padded_forward(Tensor queries, Tensor documents, Tensor query_lengths, "
+      "Tensor doc_lengths, bool with_argmax) -> (Tensor, Tensor)");
+  ops.def(
+      "contrastive_forward(Tensor queries, Tensor documents, Tensor document_offsets, "
+      "Tensor? query_lengths, bool with_argmax) -> (Tensor, Tensor)");
+  ops.def(
+      "packed_forward(Tensor queries, Tensor query_offsets, Tensor documents, "
+      "Tensor document_offsets, Tensor pair_query_ids, Tensor pair_document_ids, "
+      "int max_q_len, bool with_argmax) -> (Tensor, Tensor)");
+  ops.def(
+      "padded_backward(Tensor grad_scores, Tensor queries, Tensor documents, "
+      "Tensor query_lengths, Tensor doc_lengths, Tensor argmax, bool need_grad_queries, "
+      "bool need_grad_documents) -> (Tensor, Tensor)");
+  ops.def(
+      "contrastive_backward(Tensor grad_scores, Tensor queries, Tensor documents, "
+      "Tensor document_offsets, Tensor? query_lengths, Tensor argmax, "
+      "bool need_grad_queries, bool need_grad_documents) -> (Tensor, Tensor)");
+  ops.def(
+      "packed_backward(Tensor grad_scores, Tensor queries, Tensor query_offsets, "
+      "Tensor documents, Tensor document_offsets, Tensor pair_query_ids, "
+      "Tensor pair_document_ids, Tensor argmax, Tensor pairs_by_query, "
+      "Tensor query_pair_offsets, Tensor pairs_by_document, Tensor document_pair_offsets, "
+      "bool need_grad_queries, bool need_grad_documents) -> (Tensor, Tensor)");
+
+  // Every variant carries the CPU backend, so CPU tensors work next to a GPU build.
+  MAXSIM_IMPL_BACKEND(ops, torch::kCPU, maxsim_cpu)
+#if defined(CUDA_KERNEL)
+  MAXSIM_IMPL_BACKEND(ops, torch::kCUDA, maxsim_cuda)
+#endif
+}
+
+REGISTER_EXTENSION(TORCH_EXTENSION_NAME)

@@ -1,0 +1,46 @@
+// Backend entry points behind the op schemas in torch_binding.cpp. Semantics and
+// argument meanings: docs/design.md. Each backend defines these in its own namespace.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <optional>
+#include <tuple>
+
+#define MAXSIM_DECLARE_BACKEND(ns)                                                     \
+  namespace ns {                                                                       \
+  std::tuple<at::Tensor, at::Tensor> padded_forward(                                   \
+      const at::Tensor& queries, const at::Tensor& documents,                          \
+      const at::Tensor& query_lengths, const at::Tensor& doc_lengths, bool with_argmax); \
+  std::tuple<at::Tensor, at::Tensor> contrastive_forward(                              \
+      const at::Tensor& queries, const at::Tensor& documents,                          \
+      const at::Tensor& document_offsets,                                              \
+      const std::optional<at::Tensor>& query_lengths, bool with_argmax);               \
+  std::tuple<at::Tensor, at::Tensor> packed_forward(                                   \
+      const at::Tensor& queries, const at::Tensor& query_offsets,                      \
+      const at::Tensor& documents, const at::Tensor& document_offsets,                 \
+      const at::Tensor& pair_query_ids, const at::Tensor& pair_document_ids,           \
+      int64_t max_q_len, bool with_argmax);                                            \
+  std::tuple<at::Tensor, at::Tensor> padded_backward(                                  \
+      const at::Tensor& grad_scores, const at::Tensor& queries,                        \
+      const at::Tensor& documents, const at::Tensor& query_lengths,                    \
+      const at::Tensor& doc_lengths, const at::Tensor& argmax,                         \
+      bool need_grad_queries, bool need_grad_documents);                               \
+  std::tuple<at::Tensor, at::Tensor> contrastive_backward(                             \
+      const at::Tensor& grad_scores, const at::Tensor& queries,                        \
+      const at::Tensor& documents, const at::Tensor& document_offsets,                 \
+      const std::optional<at::Tensor>& query_lengths, const at::Tensor& argmax,        \
+      bool need_grad_queries, bool need_grad_documents);                               \
+  std::tuple<at::Tensor, at::Tensor> packed_backward(                                  \
+      const at::Tensor& grad_scores, const at::Tensor& queries,                        \
+      const at::Tensor& query_offsets, const at::Tensor& documents,                    \
+      const at::Tensor& document_offsets, const at::Tensor& pair_query_ids,            \
+      const at::Tensor& pair_document_ids, const at::Tensor& argmax,                   \
+      const at::Tensor& pairs_by_query, const at::Tensor& query_pair_offsets,          \
+      const at::Tensor& pairs_by_document, const at::Tensor& document_pair_offsets,    \
+      bool need_grad_queries, bool need_grad_documents);                               \
+  }
+
+MAXSIM_DECLARE_BACKEND(maxsim_cpu)
+#if defined(CUDA_KERNEL)
+MAXSIM_DECLARE_BACKEND(maxsim_cuda)
+#endif
