@@ -1,0 +1,352 @@
+// Torch-free MaxSim kernels for the CPU. One forward and one backward family; the
+// three surfaces (padded / contrastive / packed) are indexing policies that say, for
+// pair p, which query rows and document rows it uses (docs/design.md). Parallelism is
+// injected as `parallel_for(begin, end, grain, fn(begin, end))` so this stays torch-free.
+//
+// Every pair is computed start to finish by one thread and every gradient row has one
+// owner, so results are bitwise identical for any thread count.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <new>
+#include <type_traits>
+#include <vector>
+
+#include "maxsim_cpu/microkernel.h"
+
+namespace maxsim_cpu {
+
+// Reads an int32 or int64 index tensor without converting it.
+struct IndexView {
+  const void* data = nullptr;
+  int64_t size = 0;
+  bool is64 = true;
+  int64_t operator[](int64_t i) const {
+    return is64 ? static_cast<const int64_t*>(data)[i] : static_cast<const int32_t*>(data)[i];
+  }
+};
+
+inline int64_t clamp_len(int64_t v, int64_t hi) { return std::min(std::max<int64_t>(v, 0), hi); }
+
+// The rows a pair uses. A pair with out-of-range ids/offsets has ok == false: it gets a
+// NaN score, argmax -1 and no gradient.
+struct PairSpec {
+  bool ok;
+  int64_t qrow, qlen;  // first query row (in units of rows of width dim), valid rows
+  int64_t drow, dlen;  // same for the document
+  int64_t qkey, dkey;  // owner ids: which query / document segment this is
+};
+
+// ---------------------------------------------------------------------------------
+// Policies
+
+struct PaddedPolicy {  // queries [B,Lq,D], documents [B,C,Ld,D]
+  int64_t B, C, Lq, Ld;
+  IndexView query_lengths, doc_lengths;  // [B], [B*C]
+  int64_t num_pairs() const { return B * C; }
+  PairSpec pair(int64_t p) const {
+    const int64_t b = p / C;
+    return {true, b * Lq, clamp_len(query_lengths[b], Lq), p * Ld, clamp_len(doc_lengths[p], Ld),
+            b, p};
+  }
+};
+
+struct ContrastivePolicy {  // queries [Nq,Lq,D], documents [T,D] cut by offsets [Nb+1]
+  int64_t Nq, Nb, Lq, T;
+  IndexView document_offsets;
+  IndexView query_lengths;  // data == nullptr: every query has Lq rows
+  int64_t num_pairs() const { return Nq * Nb; }
+  PairSpec pair(int64_t p) const {
+    const int64_t q = p / Nb, n = p % Nb;
+    const int64_t s = document_offsets[n], e = document_offsets[n + 1];
+    const int64_t qlen = query_lengths.data ? clamp_len(query_lengths[q], Lq) : Lq;
+    const bool ok = 0 <= s && s <= e && e <= T;
+    return {ok, q * Lq, qlen, s, ok ? e - s : 0, q, n};
+  }
+};
+
+struct PackedPolicy {  // queries [Tq,D] cut by offsets [Nq+1]; documents [Td,D] by [Nd+1]
+  int64_t Tq, Td;
+  IndexView query_offsets, document_offsets, pair_query_ids, pair_document_ids;
+  int64_t num_pairs() const { return pair_query_ids.size; }
+  static bool segment(const IndexView& offsets, int64_t total, int64_t id, int64_t* s,
+                      int64_t* e) {
+    if (id < 0 || id >= offsets.size - 1) return false;
+    *s = offsets[id];
+    *e = offsets[id + 1];
+    return 0 <= *s && *s <= *e && *e <= total;
+  }
+  PairSpec pair(int64_t p) const {
+    const int64_t qid = pair_query_ids[p], did = pair_document_ids[p];
+    int64_t qs = 0, qe = 0, ds = 0, de = 0;
+    const bool ok = segment(query_offsets, Tq, qid, &qs, &qe) &&
+                    segment(document_offsets, Td, did, &ds, &de);
+    if (!ok) return {false, 0, 0, 0, 0, -1, -1};
+    return {true, qs, qe - qs, ds, de - ds, qid, did};
+  }
+};
+
+// ---------------------------------------------------------------------------------
+// Forward
+
+template <class T> struct AlignedBuffer {  // grows, never shrinks; 64-byte aligned
+  std::unique_ptr<T[], void (*)(T*)> ptr{nullptr, [](T* p) { ::operator delete[](p, std::align_val_t(64)); }};
+  int64_t cap = 0;
+  T* get(int64_t n) {
+    if (n > cap) {
+      ptr.reset(static_cast<T*>(::operator new[](size_t(n) * sizeof(T), std::align_val_t(64))));
+      cap = n;
+    }
+    return ptr.get();
+  }
+};
+
+inline void write_argmax_row(int32_t* row, int64_t width, int64_t n, const int32_t* arg) {
+  if (!row) return;
+  const int64_t m = std::min(n, width);
+  for (int64_t i = 0; i < m; ++i) row[i] = arg[i];
+  for (int64_t i = std::max<int64_t>(m, 0); i < width; ++i) row[i] = -1;
+}
+
+// Document rows are widened in blocks of about 16 KiB so a block stays in L1 while all
+// query column chunks sweep it.
+inline int64_t doc_block_rows(int64_t dim) {
+  return std::max<int64_t>(16, (4096 / std::max<int64_t>(dim, 1)) / 8 * 8);
+}
+
+// float32 / float16 / bfloat16: float32 microkernel on widened data.
+template <class T, class Policy, class ParallelFor>
+void forward_f32(const Policy& pol, const T* queries, const T* documents, int64_t dim,
+                 float* scores, int32_t* argmax, int64_t argmax_width,
+                 ParallelFor&& parallel_for) {
+  const int64_t P = pol.num_pairs();
+  const int64_t block = doc_block_rows(dim);
+  // A chunk should carry enough FMAs to be worth a thread; lengths are only estimates.
+  parallel_for(int64_t(0), P, int64_t(1), [&](int64_t begin, int64_t end) {
+    AlignedBuffer<float> qT_buf, best_buf, doc_buf, row_buf;
+    AlignedBuffer<int32_t> arg_buf;
+    int64_t cached_row = -1, cached_len = -1, ldq = 0;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (int64_t p = begin; p < end; ++p) {
+      const PairSpec s = pol.pair(p);
+      int32_t* arow = argmax ? argmax + p * argmax_width : nullptr;
+      if (!s.ok || s.qlen == 0 || s.dlen == 0) {
+        scores[p] = !s.ok ? nan : s.qlen == 0 ? 0.f : -std::numeric_limits<float>::infinity();
+        write_argmax_row(arow, argmax_width, 0, nullptr);
+        continue;
+      }
+      ldq = (s.qlen + kColumnQuantum - 1) / kColumnQuantum * kColumnQuantum;
+      float* qT = qT_buf.get(std::max<int64_t>(dim * ldq, 1));
+      if (s.qrow != cached_row || s.qlen != cached_len) {
+        // Transpose to [dim][ldq]; zero columns past qlen keep the padding lanes finite.
+        float* row = row_buf.get(std::max<int64_t>(dim, 1));
+        std::fill(qT, qT + dim * ldq, 0.f);
+        for (int64_t i = 0; i < s.qlen; ++i) {
+          widen(queries + (s.qrow + i) * dim, row, dim);
+          for (int64_t k = 0; k < dim; ++k) qT[k * ldq + i] = row[k];
+        }
+        cached_row = s.qrow;
+        cached_len = s.qlen;
+      }
+      float* best = best_buf.get(ldq);
+      int32_t* arg = arg_buf.get(ldq);
+      std::fill(best, best + ldq, -std::numeric_limits<float>::infinity());
+      std::fill(arg, arg + ldq, 0);  // all -inf similarities: index 0, as torch.max
+      for (int64_t j0 = 0; j0 < s.dlen; j0 += block) {
+        const int64_t n = std::min(block, s.dlen - j0);
+        const T* src = documents + (s.drow + j0) * dim;
+        const float* rows;
+        if constexpr (std::is_same_v<T, float>) {
+          rows = src;
+        } else {
+          float* buf = doc_buf.get(std::max<int64_t>(block * dim, 1));
+          widen(src, buf, n * dim);
+          rows = buf;
+        }
+        sweep({qT, ldq, ldq, dim, rows, dim, n, int32_t(j0), best, arg});
+      }
+      float total = 0.f;
+      for (int64_t i = 0; i < s.qlen; ++i) total += best[i];
+      scores[p] = total;
+      write_argmax_row(arow, argmax_width, s.qlen, arg);
+    }
+  });
+}
+
+// float64: accumulated in double, a plain loop (a reference-speed path).
+template <class Policy, class ParallelFor>
+void forward_f64(const Policy& pol, const double* queries, const double* documents,
+                 int64_t dim, float* scores, int32_t* argmax, int64_t argmax_width,
+                 ParallelFor&& parallel_for) {
+  parallel_for(int64_t(0), pol.num_pairs(), int64_t(1), [&](int64_t begin, int64_t end) {
+    std::vector<int32_t> arg;
+    for (int64_t p = begin; p < end; ++p) {
+      const PairSpec s = pol.pair(p);
+      int32_t* arow = argmax ? argmax + p * argmax_width : nullptr;
+      if (!s.ok || s.qlen == 0 || s.dlen == 0) {
+        scores[p] = !s.ok ? std::numeric_limits<float>::quiet_NaN()
+                    : s.qlen == 0 ? 0.f
+                                  : -std::numeric_limits<float>::infinity();
+        write_argmax_row(arow, argmax_width, 0, nullptr);
+        continue;
+      }
+      arg.assign(size_t(s.qlen), 0);
+      double total = 0.0;
+      for (int64_t i = 0; i < s.qlen; ++i) {
+        const double* q = queries + (s.qrow + i) * dim;
+        double best = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < s.dlen; ++j) {
+          const double* d = documents + (s.drow + j) * dim;
+          double acc = 0.0;
+          for (int64_t k = 0; k < dim; ++k) acc += q[k] * d[k];
+          if (acc > best || (std::isnan(acc) && !std::isnan(best))) {
+            best = acc;
+            arg[size_t(i)] = int32_t(j);
+          }
+        }
+        total += best;
+      }
+      scores[p] = float(total);
+      write_argmax_row(arow, argmax_width, s.qlen, arg.data());
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------
+// Backward: grad_q[i] += g_p * d[argmax_i], grad_d[argmax_i] += g_p * q_i.
+//
+// An owner (a query or a document segment) accumulates all its contributions into a
+// private float32 (float64) buffer, pairs in the owner's listed order and rows in
+// increasing i, then adds it to its output rows. Owners are independent, so they run
+// in parallel; if segments could overlap (offsets not monotone) the owners run serially
+// so the result is still race-free and deterministic.
+//
+// An Owners policy provides: count(), rows(o, &row0, &nrows) -> bool (false: no
+// gradient), num_pairs(o), pair_at(o, t) -> pair index or -1, disjoint().
+
+template <class T> struct AccOf { using type = float; };
+template <> struct AccOf<double> { using type = double; };
+
+template <class T> inline typename AccOf<T>::type load_acc(T v) { return to_float(v); }
+inline double load_acc(double v) { return v; }
+template <class T> inline T store_acc(typename AccOf<T>::type v) { return from_float<T>(v); }
+template <> inline double store_acc<double>(double v) { return v; }
+
+template <bool kToQuery, class T, class Policy, class Owners, class ParallelFor>
+void backward_owned(const Policy& pol, const Owners& owners, const float* grad_scores,
+                    const T* queries, const T* documents, int64_t dim, const int32_t* argmax,
+                    int64_t argmax_width, T* out, ParallelFor&& parallel_for) {
+  using Acc = typename AccOf<T>::type;
+  const int64_t count = owners.count();
+  const int64_t grain = owners.disjoint() ? 1 : std::max<int64_t>(count, 1);
+  parallel_for(int64_t(0), count, grain, [&](int64_t begin, int64_t end) {
+    std::vector<Acc> acc;
+    for (int64_t o = begin; o < end; ++o) {
+      int64_t row0 = 0, nrows = 0;
+      if (!owners.rows(o, &row0, &nrows) || nrows == 0) continue;
+      acc.assign(size_t(nrows * dim), Acc(0));
+      bool touched = false;
+      const int64_t npairs = owners.num_pairs(o);
+      for (int64_t t = 0; t < npairs; ++t) {
+        const int64_t p = owners.pair_at(o, t);
+        if (p < 0) continue;
+        const PairSpec s = pol.pair(p);
+        if (!s.ok) continue;
+        // The pair must really use this owner's rows (guards inconsistent CSR inputs).
+        if (kToQuery ? (s.qrow != row0 || s.qlen > nrows) : (s.drow != row0 || s.dlen > nrows))
+          continue;
+        const Acc g = Acc(grad_scores[p]);
+        const int32_t* arow = argmax + p * argmax_width;
+        const int64_t m = std::min(s.qlen, argmax_width);
+        for (int64_t i = 0; i < m; ++i) {
+          const int64_t a = arow[i];
+          if (a < 0 || a >= s.dlen) continue;  // never trust argmax for bounds
+          const T* src = kToQuery ? documents + (s.drow + a) * dim : queries + (s.qrow + i) * dim;
+          Acc* dst = acc.data() + (kToQuery ? i : a) * dim;
+          for (int64_t k = 0; k < dim; ++k) dst[k] += g * load_acc(src[k]);
+          touched = true;
+        }
+      }
+      if (!touched) continue;
+      T* dst = out + row0 * dim;
+      for (int64_t e = 0; e < nrows * dim; ++e)
+        dst[e] = store_acc<T>(load_acc(dst[e]) + acc[size_t(e)]);
+    }
+  });
+}
+
+// Owners with a fixed stride: query b owns rows [b*L, b*L+L) and pairs
+// first + t*step for t < n (padded queries: b*C + c; contrastive queries: q*Nb + n;
+// contrastive documents: q*Nb + n over q).
+struct StridedOwners {
+  int64_t n_owners, rows_per_owner, pairs_per_owner, pair_base_mul, pair_step;
+  int64_t count() const { return n_owners; }
+  bool rows(int64_t o, int64_t* r0, int64_t* n) const {
+    *r0 = o * rows_per_owner;
+    *n = rows_per_owner;
+    return true;
+  }
+  int64_t num_pairs(int64_t) const { return pairs_per_owner; }
+  int64_t pair_at(int64_t o, int64_t t) const { return o * pair_base_mul + t * pair_step; }
+  bool disjoint() const { return true; }
+};
+
+inline bool offsets_monotone(const IndexView& off) {
+  for (int64_t i = 0; i + 1 < off.size; ++i)
+    if (off[i] > off[i + 1]) return false;
+  return true;
+}
+
+// Owners cut by an offsets array (contrastive documents: pairs q*Nb + n over q).
+struct OffsetOwnersStrided {
+  IndexView offsets;
+  int64_t total_rows, pairs_per_owner, pair_step;
+  bool monotone;
+  int64_t count() const { return offsets.size - 1; }
+  bool rows(int64_t o, int64_t* r0, int64_t* n) const {
+    const int64_t s = offsets[o], e = offsets[o + 1];
+    if (!(0 <= s && s <= e && e <= total_rows)) return false;
+    *r0 = s;
+    *n = e - s;
+    return true;
+  }
+  int64_t num_pairs(int64_t) const { return pairs_per_owner; }
+  int64_t pair_at(int64_t o, int64_t t) const { return o + t * pair_step; }
+  bool disjoint() const { return monotone; }
+};
+
+// Packed owners: segment from offsets, pairs from a CSR (pairs_by_x, x_pair_offsets).
+// pair_at returns -1 unless the listed pair really belongs to this owner.
+struct PackedOwners {
+  IndexView offsets;            // [N+1] row offsets
+  int64_t total_rows;
+  IndexView pairs_by, pair_offsets;  // [P], [N+1]
+  IndexView pair_ids;           // pair_query_ids or pair_document_ids
+  bool monotone;
+  int64_t count() const { return std::min(offsets.size, pair_offsets.size) - 1; }
+  bool rows(int64_t o, int64_t* r0, int64_t* n) const {
+    return PackedPolicy::segment(offsets, total_rows, o, r0, n) && ((*n -= *r0), true);
+  }
+  bool csr(int64_t o, int64_t* s, int64_t* e) const {
+    *s = pair_offsets[o];
+    *e = pair_offsets[o + 1];
+    return 0 <= *s && *s <= *e && *e <= pairs_by.size;
+  }
+  int64_t num_pairs(int64_t o) const {
+    int64_t s, e;
+    return csr(o, &s, &e) ? e - s : 0;
+  }
+  int64_t pair_at(int64_t o, int64_t t) const {
+    int64_t s, e;
+    csr(o, &s, &e);
+    const int64_t p = pairs_by[s + t];
+    if (p < 0 || p >= pair_ids.size || pair_ids[p] != o) return -1;
+    return p;
+  }
+  bool disjoint() const { return monotone; }
+};
+
+}  // namespace maxsim_cpu
