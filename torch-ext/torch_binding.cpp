@@ -40,9 +40,9 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "bool need_grad_queries, bool need_grad_documents) -> (Tensor, Tensor)");
 
   // Every variant carries the CPU backend, so CPU tensors work next to a GPU build.
-  MAXSIM_IMPL_BACKEND(ops, torch::kCPU, maxsim_cpu)
+  MAXSIM_IMPL_BACKEND(ops, c10::DeviceType::CPU, maxsim_cpu)
 #if defined(CUDA_KERNEL)
-  MAXSIM_IMPL_BACKEND(ops, torch::kCUDA, maxsim_cuda)
+  MAXSIM_IMPL_BACKEND(ops, c10::DeviceType::CUDA, maxsim_cuda)
 #endif
 }
 

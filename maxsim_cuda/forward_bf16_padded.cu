@@ -1,0 +1,8 @@
+// Forward instantiation: bf16 inputs, padded surface, tensor-core mainloop.
+#include "kernel/forward_kernel.cuh"
+
+namespace maxsim_cuda {
+namespace kernel {
+template cudaError_t launch_forward_mma<__nv_bfloat16, 0>(const ForwardParams&);
+}  // namespace kernel
+}  // namespace maxsim_cuda

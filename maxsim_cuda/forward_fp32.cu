@@ -1,0 +1,8 @@
+// Forward instantiation: float32 inputs (SIMT FFMA mainloop, float32 accumulation).
+#include "kernel/forward_kernel.cuh"
+
+namespace maxsim_cuda {
+namespace kernel {
+template cudaError_t launch_forward_simt<float, float>(const ForwardParams&);
+}  // namespace kernel
+}  // namespace maxsim_cuda

@@ -1,0 +1,336 @@
+// The forward kernel: one template for every surface (Policy) and mainloop (ML).
+// A CTA walks its step range as one flat stream of document tiles
+// (step -> M-chunk of the query block -> document tile); the producer runs kStages-1
+// tiles ahead across step boundaries, the consumer reloads the query fragments only when
+// the query block (or M-chunk) changes and runs the epilogue after the last tile of each
+// (step, chunk). Torch-free; included by the per-dtype/per-surface .cu files.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "../launch.h"
+#include "epilogue.cuh"
+#include "mainloop.cuh"
+#include "policies.cuh"
+#include "scheduler.cuh"
+
+namespace maxsim_cuda {
+namespace kernel {
+
+template <class Policy, int BM, int BN>
+struct TileStream {
+  int64_t s, end;
+  int64_t chunk, tile;
+  int64_t ntiles, nchunks, load_rows;
+  StepDesc d;
+  bool valid;
+
+  __device__ __forceinline__ void open(const Policy& pol) {
+    d = pol.step(s);
+    load_rows = d.bad ? 0 : d.dlen;
+    if (d.nseg == 1 && d.qlen0 == 0) load_rows = 0;  // nothing to score: skip the document
+    ntiles = load_rows > 0 ? (load_rows + BN - 1) / BN : 1;
+    nchunks = d.nseg > 1 ? 1 : (d.qlen0 > 0 ? (d.qlen0 + BM - 1) / BM : 1);
+  }
+  __device__ __forceinline__ void start(const Policy& pol, StepRange r) {
+    s = r.begin;
+    end = r.end;
+    chunk = tile = 0;
+    valid = s < end;
+    if (valid) open(pol);
+  }
+  __device__ __forceinline__ void advance(const Policy& pol) {
+    if (++tile < ntiles) return;
+    tile = 0;
+    if (++chunk < nchunks) return;
+    chunk = 0;
+    if (++s < end) {
+      open(pol);
+    } else {
+      valid = false;
+    }
+  }
+  __device__ __forceinline__ int64_t tile_row0() const { return d.doc_row0 + tile * BN; }
+  __device__ __forceinline__ int tile_rows() const {
+    const int64_t left = load_rows - tile * BN;
+    return static_cast<int>(left < 0 ? 0 : (left > BN ? BN : left));
+  }
+};
+
+template <class T>
+struct FwdArgs {
+  const T* queries;
+  const T* documents;
+  int64_t dim;
+  EpilogueArgs ep;
+};
+
+template <class ML, class Policy>
+struct FwdSmem {
+  using Epi = EpilogueSmem<typename ML::Acc, ML::BM, ML::kSlots>;
+  static constexpr size_t epi_offset() { return (ML::smem_bytes() + 15) / 16 * 16; }
+  static constexpr size_t bytes() { return epi_offset() + sizeof(Epi); }
+};
+
+template <class ML, class Policy>
+__global__ void __launch_bounds__(ML::kThreads, ML::kMinBlocks)
+    maxsim_forward_kernel(const Policy pol, const FwdArgs<typename ML::Elem> a) {
+  using T = typename ML::Elem;
+  using Acc = typename ML::Acc;
+  constexpr int BM = ML::BM, BN = ML::BN, S = ML::kStages;
+  extern __shared__ __align__(16) unsigned char smem[];
+  auto& epi = *reinterpret_cast<typename FwdSmem<ML, Policy>::Epi*>(smem + FwdSmem<ML, Policy>::epi_offset());
+
+  const StepRange range = cta_steps(pol.steps(), gridDim.x, blockIdx.x);
+  if (range.begin >= range.end) return;
+
+  ML ml;
+  ml.init(smem, a.dim, a.documents);
+
+  TileStream<Policy, BM, BN> cons, prod;
+  cons.start(pol, range);
+  prod = cons;
+  if constexpr (ML::kPipelined) {
+#pragma unroll
+    for (int st = 0; st < S - 1; ++st) {
+      if (prod.valid) {
+        ml.load_tile(st, a.documents, prod.tile_row0(), prod.tile_rows());
+        prod.advance(pol);
+      }
+      cp_async_commit();
+    }
+  }
+
+  int stage = 0;
+  int64_t cur_key = INT64_MIN, cur_chunk = -1;
+  Acc carry = Acc(0);
+  while (cons.valid) {
+    if constexpr (ML::kPipelined) cp_async_wait<(S >= 2 ? S - 2 : 0)>();
+    __syncthreads();  // tile `stage` landed for everyone; the slot read last iteration is free
+    if (cons.tile == 0) {
+      if (cons.d.qkey != cur_key || cons.chunk != cur_chunk) {
+        if (cons.d.nseg > 1 && cons.d.qkey != cur_key) {
+          for (int s = threadIdx.x; s < cons.d.nseg; s += ML::kThreads) epi.seg_qlen[s] = pol.seg_qlen(cons.d, s);
+          __syncthreads();
+        }
+        QueryRows qr{&cons.d, epi.seg_qlen, cons.chunk, BM};
+        ml.load_query(a.queries, qr);
+        cur_key = cons.d.qkey;
+        cur_chunk = cons.chunk;
+      }
+      ml.reset();
+    }
+    if constexpr (ML::kPipelined) {
+      if (prod.valid) {
+        ml.load_tile((stage + S - 1) % S, a.documents, prod.tile_row0(), prod.tile_rows());
+        prod.advance(pol);
+      }
+      cp_async_commit();
+    }
+    ml.compute(stage, a.documents, cons.tile_row0(), cons.tile_rows(), static_cast<int>(cons.tile * BN));
+    if (cons.tile + 1 == cons.ntiles) {
+      ml.reduce(epi.red_m, epi.red_i);
+      finish_chunk<Acc, BM, ML::kSlots, ML::kThreads>(epi, cons.d, cons.chunk, cons.nchunks, carry, a.ep);
+    }
+    cons.advance(pol);
+    stage = (stage + 1) % S;
+  }
+  if constexpr (ML::kPipelined) cp_async_wait<0>();
+}
+
+// Per-device cache of the launch configuration of one kernel instantiation.
+template <class ML, class Policy>
+cudaError_t run_forward(const Policy& pol, const FwdArgs<typename ML::Elem>& a, int num_sms, cudaStream_t stream) {
+  const int64_t steps = pol.steps();
+  if (steps <= 0) return cudaSuccess;
+  auto kern = maxsim_forward_kernel<ML, Policy>;
+  constexpr size_t smem = FwdSmem<ML, Policy>::bytes();
+  static int occupancy[64] = {0};
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  int& occ = occupancy[dev & 63];
+  if (occ == 0) {
+    if (smem > 48 * 1024) {
+      err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+      if (err != cudaSuccess) return err;
+    }
+    int o = 0;
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, kern, ML::kThreads, smem);
+    if (err != cudaSuccess) return err;
+    occ = o > 0 ? o : 1;
+  }
+  const int64_t ctas = plan_ctas(steps, num_sms, occ);
+  kern<<<static_cast<unsigned>(ctas), ML::kThreads, smem, stream>>>(pol, a);
+  return cudaGetLastError();
+}
+
+// ---- policy construction from the plain params ----
+
+inline PaddedPolicy make_padded(const ForwardParams& p) {
+  PaddedPolicy pol;
+  pol.qlens = IndexView(p.query_lengths);
+  pol.dlens = IndexView(p.doc_lengths);
+  pol.B = p.num_queries;
+  pol.C = p.cands;
+  pol.Lq = p.lq;
+  pol.Ld = p.ld;
+  return pol;
+}
+
+inline ContrastivePolicy make_contrastive(const ForwardParams& p, int bm) {
+  ContrastivePolicy pol;
+  pol.qlens = IndexView(p.query_lengths);
+  pol.doffs = IndexView(p.doc_offsets);
+  pol.Nq = p.num_queries;
+  pol.Nb = p.num_docs;
+  pol.Lq = p.lq;
+  pol.T = p.d_rows;
+  int64_t g = p.lq > 0 ? bm / p.lq : 1;
+  if (g < 1) g = 1;
+  if (g > p.num_queries) g = p.num_queries > 0 ? p.num_queries : 1;
+  pol.G = static_cast<int>(g);
+  pol.order.nq_blocks = (p.num_queries + g - 1) / g;
+  pol.order.num_docs = p.num_docs;
+  pol.order.group = 32;
+  return pol;
+}
+
+inline PackedPolicy make_packed(const ForwardParams& p) {
+  PackedPolicy pol;
+  pol.qoffs = IndexView(p.query_offsets);
+  pol.doffs = IndexView(p.doc_offsets);
+  pol.pqids = IndexView(p.pair_query_ids);
+  pol.pdids = IndexView(p.pair_doc_ids);
+  pol.Nq = p.num_queries;
+  pol.Nd = p.num_docs;
+  pol.Tq = p.q_rows;
+  pol.Td = p.d_rows;
+  pol.P = p.pairs;
+  return pol;
+}
+
+// Rows a block should hold: the padded query length (padded), stacked queries up to 128
+// rows (contrastive), max_q_len (packed). Longer queries run as M-chunks.
+inline int64_t block_rows(const ForwardParams& p) {
+  switch (p.surface) {
+    case Surface::kPadded: return p.lq;
+    case Surface::kContrastive: {
+      const int64_t r = p.num_queries * p.lq;
+      return r < 128 ? r : 128;
+    }
+    default: return p.max_q_len;
+  }
+}
+inline int pick_bm(const ForwardParams& p) {
+  const int64_t r = block_rows(p);
+  return r <= 32 ? 32 : (r <= 64 ? 64 : 128);
+}
+
+template <class T>
+FwdArgs<T> make_args(const ForwardParams& p) {
+  FwdArgs<T> a;
+  a.queries = static_cast<const T*>(p.queries);
+  a.documents = static_cast<const T*>(p.documents);
+  a.dim = p.dim;
+  a.ep.scores = p.scores;
+  a.ep.argmax = p.argmax;
+  a.ep.width = p.argmax_width;
+  a.ep.with_argmax = p.argmax != nullptr;
+  return a;
+}
+
+template <class ML, int SURF>
+cudaError_t run_surface(const ForwardParams& p) {
+  const auto a = make_args<typename ML::Elem>(p);
+  if constexpr (SURF == 0) {
+    return run_forward<ML>(make_padded(p), a, p.num_sms, p.stream);
+  } else if constexpr (SURF == 1) {
+    return run_forward<ML>(make_contrastive(p, ML::BM), a, p.num_sms, p.stream);
+  } else {
+    return run_forward<ML>(make_packed(p), a, p.num_sms, p.stream);
+  }
+}
+
+// Tensor-core configs: <KD, BM> -> warp layout. KD=256 uses 32-row document tiles so every
+// config stays at 64 KB of pipeline (fits sm_86/sm_89's 99 KB, 3 CTAs/SM on sm_90).
+template <class T, int KD, int BM>
+struct MmaConfig;
+// Rerank shapes are HBM-bound: registers are capped so 3 (BM=32) / 2 (BM=64) CTAs fit per
+// SM, keeping 3 x 3 (2 x 3) document tiles in flight (KD=256 would spill: no cap).
+// RerankWide (KD <= 128, long documents): 8 warps (2 x 4, each 16 rows x 16 columns),
+// 6 stages, 2 CTAs/SM: more warps to hide latency and 2 x 5 tiles in flight.
+template <class T, int KD>
+struct MmaConfig<T, KD, 32> { using type = MmaMainloop<T, KD, 32, (KD > 128 ? 32 : 64), 2, 2, 4, (KD > 128 ? 1 : 3)>; };
+template <class T, int KD>
+struct RerankWide { using type = MmaMainloop<T, KD, 32, 64, 2, 4, 6, 2>; };
+template <class T, int KD>
+struct MmaConfig<T, KD, 64> { using type = MmaMainloop<T, KD, 64, (KD > 128 ? 32 : 64), 4, 2, 4, (KD > 128 ? 1 : 2)>; };
+template <class T, int KD>
+struct MmaConfig<T, KD, 128> {
+  using type = typename std::conditional<(KD > 128), MmaMainloop<T, KD, 128, 32, 8, 1, 4>,
+                                         MmaMainloop<T, KD, 128, 64, 4, 1, 4>>::type;
+};
+
+// Contrastive (tensor-core bound) block shape for KD <= 128 once there are >= 256 stacked
+// query rows: 256 rows, 8 warps x 32 rows (each document tile feeds twice the rows of the
+// 128-row shape; measured 3-8% faster on the contrastive workloads). (An 8 warps x 16 rows,
+// 2 CTAs/SM shape was tried too: slower, and it spills at 128 registers.)
+template <class T, int KD>
+struct ContrastiveWide { using type = MmaMainloop<T, KD, 256, 64, 8, 1, 4>; };
+
+// Explicitly instantiated per (dtype, surface) in forward_<dtype>_<surface>.cu.
+template <class T, int SURF>
+cudaError_t launch_forward_mma(const ForwardParams& p) {
+  const int bm = pick_bm(p);
+  const int kd = p.dim <= 64 ? 64 : (p.dim <= 128 ? 128 : 256);
+  if constexpr (SURF != 1) {
+    // RerankWide measured faster for long documents (ColPali pages, ~7%), the 4-warp shape
+    // for short ones (Ld 180-256, ~10%) on an H200; average document length decides.
+    const int64_t avg_doc = SURF == 0 ? p.ld : (p.num_docs > 0 ? p.d_rows / p.num_docs : 0);
+    const bool wide = p.rerank_variant >= 0 ? p.rerank_variant != 0 : avg_doc >= 512;
+    if (bm == 32 && kd <= 128 && wide) {
+      return kd == 64 ? run_surface<typename RerankWide<T, 64>::type, SURF>(p)
+                      : run_surface<typename RerankWide<T, 128>::type, SURF>(p);
+    }
+  }
+  if constexpr (SURF == 1) {
+    // knob: 0 = 128-row blocks, anything else = 256-row blocks; default: 256 rows once
+    // there are 256 stacked query rows to fill them
+    const bool wide = p.variant >= 0 ? p.variant != 0 : p.num_queries * p.lq >= 256;
+    if (bm == 128 && kd <= 128 && wide) {
+      return kd == 64 ? run_surface<typename ContrastiveWide<T, 64>::type, SURF>(p)
+                      : run_surface<typename ContrastiveWide<T, 128>::type, SURF>(p);
+    }
+  }
+#define MAXSIM_MMA_CASE(KD_, BM_) \
+  if (kd == KD_ && bm == BM_) return run_surface<typename MmaConfig<T, KD_, BM_>::type, SURF>(p);
+  MAXSIM_MMA_CASE(64, 32) MAXSIM_MMA_CASE(64, 64) MAXSIM_MMA_CASE(64, 128)
+  MAXSIM_MMA_CASE(128, 32) MAXSIM_MMA_CASE(128, 64) MAXSIM_MMA_CASE(128, 128)
+  MAXSIM_MMA_CASE(256, 32) MAXSIM_MMA_CASE(256, 64) MAXSIM_MMA_CASE(256, 128)
+#undef MAXSIM_MMA_CASE
+  return cudaErrorInvalidValue;
+}
+
+template <class ML>
+cudaError_t run_any_surface(const ForwardParams& p) {
+  switch (p.surface) {
+    case Surface::kPadded: return run_surface<ML, 0>(p);
+    case Surface::kContrastive: return run_surface<ML, 1>(p);
+    default: return run_surface<ML, 2>(p);
+  }
+}
+
+template <class T, class Acc>
+cudaError_t launch_forward_simt(const ForwardParams& p) {
+  const int bm = pick_bm(p);
+  if (bm == 32) return run_any_surface<SimtMainloop<T, Acc, 32>>(p);
+  if (bm == 64) return run_any_surface<SimtMainloop<T, Acc, 64>>(p);
+  return run_any_surface<SimtMainloop<T, Acc, 128>>(p);
+}
+
+}  // namespace kernel
+}  // namespace maxsim_cuda

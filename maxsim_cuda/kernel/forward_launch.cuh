@@ -1,0 +1,18 @@
+// Declarations of the forward launchers; each is explicitly instantiated in its own .cu
+// file (per dtype / surface) so builds parallelise. Torch-free.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "../launch.h"
+
+namespace maxsim_cuda {
+namespace kernel {
+template <class T, int SURF>
+cudaError_t launch_forward_mma(const ForwardParams& p);
+template <class T, class Acc>
+cudaError_t launch_forward_simt(const ForwardParams& p);
+template <class T, class Acc>
+cudaError_t launch_backward_typed(const BackwardParams& p);
+}  // namespace kernel
+}  // namespace maxsim_cuda

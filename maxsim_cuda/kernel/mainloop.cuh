@@ -1,0 +1,333 @@
+// Mainloops: what a CTA does with one document tile.
+//
+// MmaMainloop (fp16/bf16, dim <= KD <= 256): the query block lives in registers as
+// mma.sync A fragments; document tiles [BN x KD] arrive in a multi-stage cp.async ring
+// in shared memory (16-byte chunks XOR-swizzled by row, so ldmatrix is conflict-free),
+// B fragments come from ldmatrix, S = Q D^T accumulates in fp32 and only updates the
+// per-row running max/argmax; the [Lq, Ld] matrix never leaves registers.
+// Warp (wm, wn) owns query rows [wm*MT*16, +MT*16) and tile columns [wn*BN/WN, +BN/WN).
+//
+// SimtMainloop (float32/float64, and half types with dim > 256): the same tile stream and
+// epilogue, FFMA on [BM x KC] x [KC x BN] shared-memory chunks, accumulation in Acc
+// (float, or double for double inputs): float32-accurate scores.
+// Torch-free.
+#pragma once
+
+#include <cstdint>
+
+#include "epilogue.cuh"
+#include "policies.cuh"
+#include "primitives.cuh"
+
+namespace maxsim_cuda {
+namespace kernel {
+
+// Which rows of the current (step, chunk) block hold real query rows.
+struct QueryRows {
+  const StepDesc* d;
+  const int64_t* seg_qlen;  // smem, valid when d->nseg > 1
+  int64_t chunk;
+  int bm;
+  __device__ __forceinline__ bool valid(int r) const {
+    const int64_t R = chunk * bm + r;
+    if (d->nseg == 1) return R < d->qlen0;
+    const int64_t s = R / d->seg_stride;
+    return s < d->nseg && (R - s * d->seg_stride) < seg_qlen[s];
+  }
+  __device__ __forceinline__ int64_t global_row(int r) const { return d->q_row0 + chunk * bm + r; }
+};
+
+template <class T, int KD_, int BM_, int BN_, int WM, int WN, int STAGES_, int MIN_BLOCKS_ = 1>
+struct MmaMainloop {
+  using Elem = T;
+  using Acc = float;
+  static constexpr bool kPipelined = true;
+  static constexpr int KD = KD_, BM = BM_, BN = BN_, kStages = STAGES_;
+  static constexpr int kWarps = WM * WN, kThreads = kWarps * 32, kMinBlocks = MIN_BLOCKS_;
+  static constexpr int MT = BM / (16 * WM);
+  static constexpr int NTW = BN / WN;  // columns per warp
+  static constexpr int NT = NTW / 8;
+  static constexpr int KS = KD / 16;
+  static constexpr int CH = KD / 8;  // 16-byte chunks per tile row
+  static constexpr int kSlots = WN;
+  static_assert(MT >= 1 && BM == MT * 16 * WM, "BM");
+  static_assert(NT % 2 == 0, "NT must be even (ldmatrix.x4 loads two n8 tiles)");
+  static_assert((BN * CH) % kThreads == 0, "tile chunks per thread");
+  static_assert(KD >= 64, "swizzle needs 8 chunks per row");
+
+  static constexpr size_t stage_bytes() { return size_t(BN) * KD * sizeof(T); }
+  static constexpr size_t smem_bytes() { return kStages * stage_bytes(); }
+
+  T* tiles;
+  int64_t dim;
+  bool aligned;  // dim % 8 == 0 and 16-byte aligned base: cp.async path
+  int lane, wm, wn;
+  uint32_t qa[MT][KS][4];
+  float m[MT * 2];
+  int idx[MT * 2];
+
+  __device__ __forceinline__ void init(unsigned char* smem, int64_t dim_, const void* docs) {
+    tiles = reinterpret_cast<T*>(smem);
+    dim = dim_;
+    aligned = (dim % 8 == 0) && ((reinterpret_cast<uintptr_t>(docs) & 15) == 0);
+    const int warp = threadIdx.x / 32;
+    lane = threadIdx.x % 32;
+    wm = warp % WM;
+    wn = warp / WM;
+  }
+
+  // Producer: document rows [row0, row0 + rows) into stage `stage` (zero-filled beyond).
+  __device__ __forceinline__ void load_tile(int stage, const T* docs, int64_t row0, int rows) const {
+    const uint32_t base = smem_addr(tiles + size_t(stage) * BN * KD);
+#pragma unroll
+    for (int it = 0; it < (BN * CH) / kThreads; ++it) {
+      const int c = threadIdx.x + it * kThreads;
+      const int r = c / CH, ch = c % CH;
+      const uint32_t dst = base + uint32_t(r * KD + ((ch ^ (r & 7)) << 3)) * sizeof(T);
+      const int64_t k0 = int64_t(ch) * 8;
+      if (r < rows && k0 < dim) {
+        const T* src = docs + (row0 + r) * dim + k0;
+        if (aligned) {
+          cp_async_16(dst, src);
+        } else {
+          uint16_t v[8];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) v[e] = (k0 + e < dim) ? ld_bits16(src + e) : uint16_t(0);
+          uint4 pk;
+          pk.x = v[0] | (uint32_t(v[1]) << 16);
+          pk.y = v[2] | (uint32_t(v[3]) << 16);
+          pk.z = v[4] | (uint32_t(v[5]) << 16);
+          pk.w = v[6] | (uint32_t(v[7]) << 16);
+          st_shared_v4(dst, pk);
+        }
+      } else {
+        st_shared_zero16(dst);
+      }
+    }
+  }
+
+  // Query block rows of this chunk straight from global memory into A fragments.
+  __device__ __forceinline__ void load_query(const T* queries, const QueryRows& qr) {
+    const int g = lane / 4, t4 = lane % 4;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const int r_lo = (wm * MT + mt) * 16 + g, r_hi = r_lo + 8;
+      const bool v_lo = qr.valid(r_lo), v_hi = qr.valid(r_hi);
+      const T* p_lo = queries + (v_lo ? qr.global_row(r_lo) * dim : 0);
+      const T* p_hi = queries + (v_hi ? qr.global_row(r_hi) * dim : 0);
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) {
+        uint32_t f[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const bool v = (q & 1) ? v_hi : v_lo;
+          const T* p = (q & 1) ? p_hi : p_lo;
+          const int64_t k = int64_t(ks) * 16 + 2 * t4 + ((q & 2) ? 8 : 0);
+          const uint16_t e0 = (v && k < dim) ? ld_bits16(p + k) : uint16_t(0);
+          const uint16_t e1 = (v && k + 1 < dim) ? ld_bits16(p + k + 1) : uint16_t(0);
+          f[q] = e0 | (uint32_t(e1) << 16);
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) qa[mt][ks][q] = f[q];
+      }
+    }
+  }
+
+  __device__ __forceinline__ void reset() {
+#pragma unroll
+    for (int k = 0; k < MT * 2; ++k) {
+      m[k] = neg_inf<float>();
+      idx[k] = kNoIndex;
+    }
+  }
+
+  // S = Q * tile^T on tensor cores, then fold into the running max (cols >= cols_valid masked).
+  __device__ __forceinline__ void compute(int stage, const T*, int64_t, int cols_valid, int col_base) {
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+
+    const uint32_t base = smem_addr(tiles + size_t(stage) * BN * KD);
+    const int kh = (lane >> 3) & 1;
+    const int nrow = (lane & 7) + ((lane >> 4) << 3);
+    // All KS k-steps run (columns past dim are zeros in both operands): no branch in the
+    // unrolled loop, so ldmatrix of step ks+1 can overlap the mma of step ks.
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        const int n = wn * NTW + np * 16 + nrow;
+        const int chunk = ks * 2 + kh;
+        const uint32_t addr = base + uint32_t(n * KD + ((chunk ^ (n & 7)) << 3)) * sizeof(T);
+        uint32_t b0, b1, b2, b3;
+        ldmatrix_x4(addr, b0, b1, b2, b3);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          Mma16816<T>::run(acc[mt][2 * np], qa[mt][ks], b0, b1);
+          Mma16816<T>::run(acc[mt][2 * np + 1], qa[mt][ks], b2, b3);
+        }
+      }
+    }
+
+    const int t4 = lane % 4;
+    int col[NT * 2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) col[nt * 2 + e] = nt * 8 + e;
+    const int cbase = col_base + wn * NTW + 2 * t4;  // this thread's first column
+    const int lim = cols_valid - (wn * NTW + 2 * t4);  // local columns below lim are valid
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float v[NT * 2];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float x = acc[mt][nt][2 * h + e];
+            v[nt * 2 + e] = (cols_valid >= BN || col[nt * 2 + e] < lim) ? x : neg_inf<float>();
+          }
+        fold_tile(m[mt * 2 + h], idx[mt * 2 + h], v, col, cbase);
+      }
+  }
+
+  // Quad shuffle, then one partial per (row, wn) into shared memory.
+  __device__ __forceinline__ void reduce(float* red_m, int* red_i) {
+    const int g = lane / 4, t4 = lane % 4;
+#pragma unroll
+    for (int k = 0; k < MT * 2; ++k) {
+      merge_shfl(m[k], idx[k], 1);
+      merge_shfl(m[k], idx[k], 2);
+    }
+    if (t4 == 0) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = (wm * MT + mt) * 16 + g + 8 * h;
+          red_m[row * WN + wn] = m[mt * 2 + h];
+          red_i[row * WN + wn] = idx[mt * 2 + h];
+        }
+    }
+  }
+};
+
+// SIMT FFMA mainloop: 256 threads as 16 x 16, each a TM x TN register tile.
+template <class T, class Acc_, int BM_>
+struct SimtMainloop {
+  using Elem = T;
+  using Acc = Acc_;
+  static constexpr bool kPipelined = false;
+  static constexpr int BM = BM_, BN = 64, kStages = 1;
+  static constexpr int kThreads = 256, kMinBlocks = 1;
+  static constexpr int TM = BM / 16, TN = BN / 16;
+  static constexpr int KC = sizeof(Acc) == 8 ? 16 : 32;
+  static constexpr int QP = BM + 4, DP = BN + 4;  // padded strides (16-byte aligned rows)
+  static constexpr int kSlots = 1;
+
+  static constexpr size_t smem_bytes() {
+    return (size_t(KC) * QP + size_t(KC) * DP) * sizeof(Acc) + size_t(BM) * sizeof(int);
+  }
+
+  Acc* qs;       // [KC][QP]
+  Acc* ds;       // [KC][DP]
+  int* qvalid;   // [BM]
+  const T* qbase;  // queries + global row of block row 0 of this chunk * dim
+  int64_t dim;
+  int tx, ty;
+  Acc m[TM];
+  int idx[TM];
+
+  __device__ __forceinline__ void init(unsigned char* smem, int64_t dim_, const void*) {
+    qs = reinterpret_cast<Acc*>(smem);
+    ds = qs + KC * QP;
+    qvalid = reinterpret_cast<int*>(ds + KC * DP);
+    dim = dim_;
+    tx = threadIdx.x % 16;
+    ty = threadIdx.x / 16;
+  }
+
+  __device__ __forceinline__ void load_tile(int, const T*, int64_t, int) const {}
+
+  __device__ __forceinline__ void load_query(const T* queries, const QueryRows& qr) {
+    for (int r = threadIdx.x; r < BM; r += kThreads) qvalid[r] = qr.valid(r) ? 1 : 0;
+    qbase = queries + qr.global_row(0) * dim;  // only dereferenced at valid rows
+  }
+
+  __device__ __forceinline__ void reset() {
+#pragma unroll
+    for (int r = 0; r < TM; ++r) {
+      m[r] = neg_inf<Acc>();
+      idx[r] = kNoIndex;
+    }
+  }
+
+  __device__ __forceinline__ void compute(int, const T* docs, int64_t row0, int cols_valid, int col_base) {
+    Acc acc[TM][TN];
+#pragma unroll
+    for (int r = 0; r < TM; ++r)
+#pragma unroll
+      for (int c = 0; c < TN; ++c) acc[r][c] = Acc(0);
+
+    for (int64_t k0 = 0; k0 < dim; k0 += KC) {
+      __syncthreads();  // previous chunk consumed (and qvalid written)
+      for (int e = threadIdx.x; e < BM * KC; e += kThreads) {
+        const int r = e / KC, kk = e % KC;
+        const int64_t k = k0 + kk;
+        qs[kk * QP + r] = (qvalid[r] && k < dim) ? to_acc<Acc>(qbase[int64_t(r) * dim + k]) : Acc(0);
+      }
+      for (int e = threadIdx.x; e < BN * KC; e += kThreads) {
+        const int n = e / KC, kk = e % KC;
+        const int64_t k = k0 + kk;
+        ds[kk * DP + n] = (n < cols_valid && k < dim) ? to_acc<Acc>(docs[(row0 + n) * dim + k]) : Acc(0);
+      }
+      __syncthreads();
+#pragma unroll 8
+      for (int kk = 0; kk < KC; ++kk) {
+        Acc a[TM], b[TN];
+#pragma unroll
+        for (int r = 0; r < TM; ++r) a[r] = qs[kk * QP + ty * TM + r];
+#pragma unroll
+        for (int c = 0; c < TN; ++c) b[c] = ds[kk * DP + tx * TN + c];
+#pragma unroll
+        for (int r = 0; r < TM; ++r)
+#pragma unroll
+          for (int c = 0; c < TN; ++c) acc[r][c] = fma(a[r], b[c], acc[r][c]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < TM; ++r)
+#pragma unroll
+      for (int c = 0; c < TN; ++c) {
+        const int col = tx * TN + c;
+        const Acc v = col < cols_valid ? acc[r][c] : neg_inf<Acc>();
+        running_update(m[r], idx[r], v, col_base + col);
+      }
+  }
+
+  __device__ __forceinline__ void reduce(Acc* red_m, int* red_i) {
+#pragma unroll
+    for (int r = 0; r < TM; ++r) {
+      merge_shfl(m[r], idx[r], 1);
+      merge_shfl(m[r], idx[r], 2);
+      merge_shfl(m[r], idx[r], 4);
+      merge_shfl(m[r], idx[r], 8);
+    }
+    if (tx == 0) {
+#pragma unroll
+      for (int r = 0; r < TM; ++r) {
+        red_m[ty * TM + r] = m[r];
+        red_i[ty * TM + r] = idx[r];
+      }
+    }
+  }
+};
+
+}  // namespace kernel
+}  // namespace maxsim_cuda

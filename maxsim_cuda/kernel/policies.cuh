@@ -1,0 +1,173 @@
+// Indexing policies: for step s of a surface, which query rows and document rows it uses
+// and where its outputs go. One kernel family runs all three; a surface is only a policy.
+// Torch-free. All offsets are 64-bit; every index read is range-checked, and every
+// segment read from an offsets/ids tensor is checked against the tensor it indexes, so a
+// bad value yields a "bad" step (NaN score, argmax -1) instead of an out-of-bounds access.
+#pragma once
+
+#include <cstdint>
+
+#include "../launch.h"
+#include "scheduler.cuh"
+
+namespace maxsim_cuda {
+namespace kernel {
+
+// Width-aware view of an int32/int64 index tensor (no conversion launches needed).
+struct IndexView {
+  const void* ptr;
+  int64_t size;
+  int is64;
+
+  IndexView() = default;
+  __host__ __device__ explicit IndexView(const IndexRef& r) : ptr(r.ptr), size(r.size), is64(r.is64) {}
+
+  __device__ __forceinline__ bool present() const { return ptr != nullptr; }
+  __device__ __forceinline__ int64_t load(int64_t i) const {
+    return is64 ? static_cast<int64_t>(__ldg(static_cast<const long long*>(ptr) + i))
+                : static_cast<int64_t>(__ldg(static_cast<const int*>(ptr) + i));
+  }
+  // Branch-free read: 0 and ok=false when i is outside the tensor (a predicated load, so
+  // callers can issue many independent reads before looking at any of them).
+  __device__ __forceinline__ int64_t fetch(int64_t i, bool& ok) const {
+    ok = ptr != nullptr && i >= 0 && i < size;
+    return ok ? load(i) : 0;
+  }
+  // false when i is outside the tensor
+  __device__ __forceinline__ bool get(int64_t i, int64_t& v) const {
+    if (ptr == nullptr || i < 0 || i >= size) return false;
+    v = load(i);
+    return true;
+  }
+};
+
+__device__ __forceinline__ int64_t clamp64(int64_t v, int64_t lo, int64_t hi) {
+  return v < lo ? lo : (v > hi ? hi : v);
+}
+
+// Reads segment [o0, o1) = offsets[k], offsets[k+1]; false if k or the range is invalid.
+__device__ __forceinline__ bool segment(const IndexView& offs, int64_t k, int64_t nseg, int64_t rows,
+                                        int64_t& o0, int64_t& len) {
+  int64_t a, b;
+  if (k < 0 || k >= nseg || !offs.get(k, a) || !offs.get(k + 1, b)) return false;
+  if (a < 0 || b < a || b > rows) return false;
+  o0 = a;
+  len = b - a;
+  return true;
+}
+
+// What one step (a query block against one document) touches.
+struct StepDesc {
+  int64_t qkey;        // identity of the query block: consecutive steps with the same key reuse it
+  int64_t q_row0;      // global query row of block row 0 (segments are stacked contiguously)
+  int64_t seg_stride;  // rows per stacked segment (>= 1)
+  int64_t qlen0;       // valid rows of segment 0 (used when nseg == 1)
+  int64_t doc_row0;    // global document row of document row 0
+  int64_t dlen;        // valid document rows
+  int64_t out0;        // pair index of segment 0 (scores[out], argmax[out * width ...])
+  int64_t out_stride;  // pair-index step between stacked segments
+  int nseg;            // stacked query segments (contrastive may stack several queries)
+  bool bad;            // ids/offsets out of range: NaN score, argmax -1
+};
+
+// padded: step s = b*C + c; one query per block.
+struct PaddedPolicy {
+  IndexView qlens, dlens;
+  int64_t B, C, Lq, Ld;
+
+  __host__ __device__ int64_t steps() const { return B * C; }
+  __host__ __device__ int max_segments() const { return 1; }
+
+  __device__ __forceinline__ StepDesc step(int64_t s) const {
+    StepDesc d;
+    const int64_t b = s / C;
+    int64_t ql = 0, dl = 0;
+    const bool okq = qlens.get(b, ql), okd = dlens.get(s, dl);
+    d.qkey = b;
+    d.q_row0 = b * Lq;
+    d.seg_stride = Lq > 0 ? Lq : 1;
+    d.qlen0 = okq ? clamp64(ql, 0, Lq) : 0;
+    d.doc_row0 = s * Ld;
+    d.dlen = okd ? clamp64(dl, 0, Ld) : 0;
+    d.out0 = s;
+    d.out_stride = 0;
+    d.nseg = 1;
+    d.bad = !(okq && okd);
+    return d;
+  }
+  __device__ __forceinline__ int64_t seg_qlen(const StepDesc& d, int) const { return d.qlen0; }
+};
+
+// contrastive: G stacked queries (block qb) against document n; steps ordered so that the
+// CTAs running together share documents (see GroupedOrder).
+struct ContrastivePolicy {
+  IndexView qlens, doffs;  // qlens may be absent (every query has Lq rows)
+  int64_t Nq, Nb, Lq, T;
+  int G;  // queries stacked per block
+  GroupedOrder order;
+
+  __host__ __device__ int64_t steps() const { return order.nq_blocks * Nb; }
+  __host__ __device__ int max_segments() const { return G; }
+
+  __device__ __forceinline__ int64_t qlen_of(int64_t q) const {
+    if (!qlens.present()) return Lq;
+    int64_t v;
+    return qlens.get(q, v) ? clamp64(v, 0, Lq) : 0;
+  }
+
+  __device__ __forceinline__ StepDesc step(int64_t s) const {
+    StepDesc d;
+    int64_t qb, n;
+    order.map(s, qb, n);
+    const int64_t q0 = qb * G;
+    const int64_t rem = Nq - q0;
+    d.nseg = static_cast<int>(rem < G ? rem : G);
+    d.qkey = qb;
+    d.q_row0 = q0 * Lq;
+    d.seg_stride = Lq > 0 ? Lq : 1;
+    d.qlen0 = qlen_of(q0);
+    int64_t o0 = 0, len = 0;
+    const bool ok = segment(doffs, n, Nb, T, o0, len);
+    d.doc_row0 = o0;
+    d.dlen = ok ? len : 0;
+    d.out0 = q0 * Nb + n;
+    d.out_stride = Nb;
+    d.bad = !ok;
+    return d;
+  }
+  __device__ __forceinline__ int64_t seg_qlen(const StepDesc& d, int s) const {
+    return qlen_of(d.qkey * G + s);
+  }
+};
+
+// packed: step = pair p; the query block changes only when pair_query_ids changes.
+struct PackedPolicy {
+  IndexView qoffs, doffs, pqids, pdids;
+  int64_t Nq, Nd, Tq, Td, P;
+
+  __host__ __device__ int64_t steps() const { return P; }
+  __host__ __device__ int max_segments() const { return 1; }
+
+  __device__ __forceinline__ StepDesc step(int64_t p) const {
+    StepDesc d;
+    int64_t qid = -1, did = -1, q0 = 0, ql = 0, d0 = 0, dl = 0;
+    bool ok = pqids.get(p, qid) && pdids.get(p, did);
+    ok = ok && segment(qoffs, qid, Nq, Tq, q0, ql);
+    ok = ok && segment(doffs, did, Nd, Td, d0, dl);
+    d.qkey = ok ? qid : -1;
+    d.q_row0 = ok ? q0 : 0;
+    d.qlen0 = ok ? ql : 0;
+    d.seg_stride = d.qlen0 > 0 ? d.qlen0 : 1;
+    d.doc_row0 = ok ? d0 : 0;
+    d.dlen = ok ? dl : 0;
+    d.out0 = p;
+    d.out_stride = 0;
+    d.nseg = 1;
+    d.bad = !ok;
+    return d;
+  }
+  __device__ __forceinline__ int64_t seg_qlen(const StepDesc& d, int) const { return d.qlen0; }
+};
+
+}  // namespace kernel
+}  // namespace maxsim_cuda

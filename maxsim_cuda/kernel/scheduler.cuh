@@ -1,0 +1,52 @@
+// How work maps to CTAs. Every surface is a linear sequence of steps (query block x
+// document); the grid is persistent (at most one wave of resident CTAs) and CTA k takes
+// the contiguous step range [k*S/G, (k+1)*S/G). Consecutive steps that share a query
+// block keep it on chip, and the document tile stream runs across step boundaries so the
+// cp.async pipeline never drains between documents. Torch-free.
+#pragma once
+
+#include <cstdint>
+
+namespace maxsim_cuda {
+namespace kernel {
+
+struct StepRange {
+  int64_t begin, end;
+};
+
+__device__ __forceinline__ StepRange cta_steps(int64_t total, int64_t ctas, int64_t cta) {
+  StepRange r;
+  // total * cta fits easily: total < 2^40 in practice, cta < 2^20
+  r.begin = total / ctas * cta + (total % ctas) * cta / ctas;
+  r.end = total / ctas * (cta + 1) + (total % ctas) * (cta + 1) / ctas;
+  return r;
+}
+
+// Contrastive step order: documents in groups of `group` docs; inside a group, query-block
+// major. A CTA therefore keeps one query block for up to `group` documents, and the
+// blocks that read a document group run at about the same time (L2 reuse).
+struct GroupedOrder {
+  int64_t nq_blocks;
+  int64_t num_docs;
+  int64_t group;
+
+  __host__ __device__ void map(int64_t s, int64_t& qb, int64_t& n) const {
+    const int64_t per_group = nq_blocks * group;
+    const int64_t g = s / per_group;
+    const int64_t r = s - g * per_group;
+    const int64_t first = g * group;
+    const int64_t left = num_docs - first;
+    const int64_t size = left < group ? left : group;
+    qb = r / size;
+    n = first + (r - qb * size);
+  }
+};
+
+// Host side: CTAs for a persistent launch.
+inline int64_t plan_ctas(int64_t steps, int num_sms, int ctas_per_sm) {
+  int64_t resident = static_cast<int64_t>(num_sms > 0 ? num_sms : 1) * (ctas_per_sm > 0 ? ctas_per_sm : 1);
+  return steps < resident ? steps : resident;
+}
+
+}  // namespace kernel
+}  // namespace maxsim_cuda

@@ -1,0 +1,87 @@
+// Torch-free interface between the tensor glue (ops.cpp) and the CUDA kernels.
+// Everything here is plain data: raw pointers, sizes, a stream. No host synchronisation
+// happens behind these functions; they only enqueue work on `stream`.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace maxsim_cuda {
+
+enum class Surface : int { kPadded = 0, kContrastive = 1, kPacked = 2 };
+enum class DType : int { kF16 = 0, kBF16 = 1, kF32 = 2, kF64 = 3 };
+
+// An index tensor (lengths, offsets, ids) of int32 or int64; `size` is its element count
+// so reads can be range-checked on the device.
+struct IndexRef {
+  const void* ptr = nullptr;
+  int64_t size = 0;
+  int is64 = 0;
+};
+
+// Shapes, by surface (see docs/design.md):
+//   padded:      queries [B,Lq,D]  documents [B,C,Ld,D]   num_queries=B, cands=C, lq=Lq, ld=Ld
+//   contrastive: queries [Nq,Lq,D] documents [T,D]        num_queries=Nq, num_docs=Nb, lq=Lq
+//   packed:      queries [Tq,D]    documents [Td,D]       num_queries=Nq, num_docs=Nd, pairs=P
+struct ForwardParams {
+  Surface surface = Surface::kPadded;
+  DType dtype = DType::kF16;
+  const void* queries = nullptr;
+  const void* documents = nullptr;
+  int64_t dim = 0;
+  int64_t q_rows = 0;  // rows of the queries tensor (all leading dims flattened)
+  int64_t d_rows = 0;  // rows of the documents tensor
+  int64_t num_queries = 0;
+  int64_t num_docs = 0;
+  int64_t cands = 0;
+  int64_t lq = 0;
+  int64_t ld = 0;
+  int64_t pairs = 0;  // B*C, Nq*Nb or P
+  IndexRef query_lengths, doc_lengths;       // padded (both), contrastive (query_lengths, optional)
+  IndexRef query_offsets, doc_offsets;       // packed (both), contrastive (doc_offsets)
+  IndexRef pair_query_ids, pair_doc_ids;     // packed
+  void* scores = nullptr;                    // float32 (float64 for kF64 inputs), [pairs]
+  int32_t* argmax = nullptr;                 // [pairs, argmax_width] or null
+  int64_t argmax_width = 0;                  // Lq, Lq or max_q_len (0 without argmax)
+  int64_t max_q_len = 0;                     // packed: sizes the query block (longer queries still work)
+  int num_sms = 1;
+  int variant = -1;         // tuning knob: contrastive block rows, 0 = 128, else 256 (-1 = default)
+  int rerank_variant = -1;  // tuning knob: padded/packed block shape for Lq <= 32 (-1 = default)
+  cudaStream_t stream = nullptr;
+};
+
+struct BackwardParams {
+  Surface surface = Surface::kPadded;
+  DType dtype = DType::kF16;
+  const void* grad_scores = nullptr;  // float32 (float64 for kF64), [pairs]
+  const void* queries = nullptr;
+  const void* documents = nullptr;
+  int64_t dim = 0;
+  int64_t q_rows = 0;
+  int64_t d_rows = 0;
+  int64_t num_queries = 0;
+  int64_t num_docs = 0;
+  int64_t cands = 0;
+  int64_t lq = 0;
+  int64_t ld = 0;
+  int64_t pairs = 0;
+  IndexRef query_lengths, doc_lengths, query_offsets, doc_offsets, pair_query_ids, pair_doc_ids;
+  IndexRef pairs_by_query, query_pair_offsets, pairs_by_document, document_pair_offsets;  // packed
+  const int32_t* argmax = nullptr;  // [pairs, argmax_width]
+  int64_t argmax_width = 0;
+  void* grad_queries = nullptr;     // null when not needed; same dtype/shape as queries
+  void* grad_documents = nullptr;   // null when not needed
+  int num_sms = 1;
+  cudaStream_t stream = nullptr;
+};
+
+// Forward: one kernel family; the surface is a policy. Half types with dim <= 256 run the
+// tensor-core (mma.sync) mainloop, everything else the SIMT FFMA mainloop.
+cudaError_t launch_forward(const ForwardParams& p);
+// Backward: gradients from the stored argmax; every output row has one owner.
+// The caller zero-fills grad tensors whose rows are not all owned by a segment
+// (contrastive grad_documents, packed grad_queries / grad_documents).
+cudaError_t launch_backward(const BackwardParams& p);
+
+}  // namespace maxsim_cuda
