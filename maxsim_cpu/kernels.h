@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
-#include <new>
 #include <type_traits>
 #include <vector>
 
@@ -35,9 +34,8 @@ inline int64_t clamp_len(int64_t v, int64_t hi) { return std::min(std::max<int64
 // NaN score, argmax -1 and no gradient.
 struct PairSpec {
   bool ok;
-  int64_t qrow, qlen;  // first query row (in units of rows of width dim), valid rows
+  int64_t qrow, qlen;  // first query row (rows of `dim` elements) and valid rows
   int64_t drow, dlen;  // same for the document
-  int64_t qkey, dkey;  // owner ids: which query / document segment this is
 };
 
 // ---------------------------------------------------------------------------------
@@ -49,8 +47,7 @@ struct PaddedPolicy {  // queries [B,Lq,D], documents [B,C,Ld,D]
   int64_t num_pairs() const { return B * C; }
   PairSpec pair(int64_t p) const {
     const int64_t b = p / C;
-    return {true, b * Lq, clamp_len(query_lengths[b], Lq), p * Ld, clamp_len(doc_lengths[p], Ld),
-            b, p};
+    return {true, b * Lq, clamp_len(query_lengths[b], Lq), p * Ld, clamp_len(doc_lengths[p], Ld)};
   }
 };
 
@@ -64,7 +61,7 @@ struct ContrastivePolicy {  // queries [Nq,Lq,D], documents [T,D] cut by offsets
     const int64_t s = document_offsets[n], e = document_offsets[n + 1];
     const int64_t qlen = query_lengths.data ? clamp_len(query_lengths[q], Lq) : Lq;
     const bool ok = 0 <= s && s <= e && e <= T;
-    return {ok, q * Lq, qlen, s, ok ? e - s : 0, q, n};
+    return {ok, q * Lq, qlen, s, ok ? e - s : 0};
   }
 };
 
@@ -84,23 +81,27 @@ struct PackedPolicy {  // queries [Tq,D] cut by offsets [Nq+1]; documents [Td,D]
     int64_t qs = 0, qe = 0, ds = 0, de = 0;
     const bool ok = segment(query_offsets, Tq, qid, &qs, &qe) &&
                     segment(document_offsets, Td, did, &ds, &de);
-    if (!ok) return {false, 0, 0, 0, 0, -1, -1};
-    return {true, qs, qe - qs, ds, de - ds, qid, did};
+    if (!ok) return {false, 0, 0, 0, 0};
+    return {true, qs, qe - qs, ds, de - ds};
   }
 };
 
 // ---------------------------------------------------------------------------------
 // Forward
 
-template <class T> struct AlignedBuffer {  // grows, never shrinks; 64-byte aligned
-  std::unique_ptr<T[], void (*)(T*)> ptr{nullptr, [](T* p) { ::operator delete[](p, std::align_val_t(64)); }};
+// Grows, never shrinks; 64-byte aligned by hand (aligned operator new needs macOS 10.13+).
+template <class T> struct AlignedBuffer {
+  std::unique_ptr<unsigned char[]> raw;
+  T* data = nullptr;
   int64_t cap = 0;
   T* get(int64_t n) {
     if (n > cap) {
-      ptr.reset(static_cast<T*>(::operator new[](size_t(n) * sizeof(T), std::align_val_t(64))));
+      raw.reset(new unsigned char[size_t(n) * sizeof(T) + 64]);
+      const uintptr_t p = reinterpret_cast<uintptr_t>(raw.get());
+      data = reinterpret_cast<T*>((p + 63) & ~uintptr_t(63));
       cap = n;
     }
-    return ptr.get();
+    return data;
   }
 };
 
@@ -111,58 +112,83 @@ inline void write_argmax_row(int32_t* row, int64_t width, int64_t n, const int32
   for (int64_t i = std::max<int64_t>(m, 0); i < width; ++i) row[i] = -1;
 }
 
-// Document rows are widened in blocks of about 16 KiB so a block stays in L1 while all
-// query column chunks sweep it.
-inline int64_t doc_block_rows(int64_t dim) {
-  return std::max<int64_t>(16, (4096 / std::max<int64_t>(dim, 1)) / 8 * 8);
+// Documents are swept in blocks that every query column chunk passes over while the
+// block is still in cache: 16 KiB (L1) when rows must first be widened into a buffer,
+// 128 KiB (L2; the microkernel prefetches into L1) when they are read in place.
+inline int64_t doc_block_rows(int64_t dim, int64_t bytes) {
+  return std::max<int64_t>(16, (bytes / 4 / std::max<int64_t>(dim, 1)) / 8 * 8);
 }
 
-// float32 / float16 / bfloat16: float32 microkernel on widened data.
+// Per-thread scratch of the float32 forward, reused across the pairs of a chunk.
+struct ForwardScratch {
+  AlignedBuffer<float> qT, best, doc, row;
+  AlignedBuffer<uint32_t> qT_pairs;
+  AlignedBuffer<int32_t> arg;
+  int64_t cached_row = -1, cached_len = -1;
+};
+
+// float32 / float16 / bfloat16: float32 microkernel on widened data, or the bfloat16
+// dot-product microkernel on the raw data where the CPU has one.
 template <class T, class Policy, class ParallelFor>
 void forward_f32(const Policy& pol, const T* queries, const T* documents, int64_t dim,
                  float* scores, int32_t* argmax, int64_t argmax_width,
                  ParallelFor&& parallel_for) {
-  const int64_t P = pol.num_pairs();
-  const int64_t block = doc_block_rows(dim);
-  // A chunk should carry enough FMAs to be worth a thread; lengths are only estimates.
-  parallel_for(int64_t(0), P, int64_t(1), [&](int64_t begin, int64_t end) {
-    AlignedBuffer<float> qT_buf, best_buf, doc_buf, row_buf;
-    AlignedBuffer<int32_t> arg_buf;
-    int64_t cached_row = -1, cached_len = -1, ldq = 0;
-    const float nan = std::numeric_limits<float>::quiet_NaN();
+  bool bf16_dot = false;
+  if constexpr (std::is_same_v<T, BFloat16>) bf16_dot = dim % 2 == 0 && has_bf16_dot();
+  const bool in_place = std::is_same_v<T, float> || bf16_dot;
+  const int64_t block = doc_block_rows(dim, in_place ? 131072 : 4096);
+  parallel_for(int64_t(0), pol.num_pairs(), int64_t(1), [&](int64_t begin, int64_t end) {
+    ForwardScratch w;
+    const float inf = std::numeric_limits<float>::infinity();
     for (int64_t p = begin; p < end; ++p) {
       const PairSpec s = pol.pair(p);
       int32_t* arow = argmax ? argmax + p * argmax_width : nullptr;
       if (!s.ok || s.qlen == 0 || s.dlen == 0) {
-        scores[p] = !s.ok ? nan : s.qlen == 0 ? 0.f : -std::numeric_limits<float>::infinity();
+        scores[p] = !s.ok ? std::numeric_limits<float>::quiet_NaN() : s.qlen == 0 ? 0.f : -inf;
         write_argmax_row(arow, argmax_width, 0, nullptr);
         continue;
       }
-      ldq = (s.qlen + kColumnQuantum - 1) / kColumnQuantum * kColumnQuantum;
-      float* qT = qT_buf.get(std::max<int64_t>(dim * ldq, 1));
-      if (s.qrow != cached_row || s.qlen != cached_len) {
-        // Transpose to [dim][ldq]; zero columns past qlen keep the padding lanes finite.
-        float* row = row_buf.get(std::max<int64_t>(dim, 1));
-        std::fill(qT, qT + dim * ldq, 0.f);
-        for (int64_t i = 0; i < s.qlen; ++i) {
-          widen(queries + (s.qrow + i) * dim, row, dim);
-          for (int64_t k = 0; k < dim; ++k) qT[k * ldq + i] = row[k];
+      // Query as columns [k][i], padded with zero columns to ldq (finite padding lanes);
+      // rebuilt only when the pair's query differs from the previous pair's.
+      const int64_t ldq = (s.qlen + kColumnQuantum - 1) / kColumnQuantum * kColumnQuantum;
+      const int64_t kpairs = dim / 2;
+      float* qT = bf16_dot ? nullptr : w.qT.get(std::max<int64_t>(dim * ldq, 1));
+      uint32_t* qP = bf16_dot ? w.qT_pairs.get(std::max<int64_t>(kpairs * ldq, 1)) : nullptr;
+      if (s.qrow != w.cached_row || s.qlen != w.cached_len) {
+        if (bf16_dot) {
+          const uint16_t* q = reinterpret_cast<const uint16_t*>(queries) + s.qrow * dim;
+          std::fill(qP, qP + kpairs * ldq, 0u);
+          for (int64_t i = 0; i < s.qlen; ++i, q += dim)
+            for (int64_t k = 0; k < kpairs; ++k)
+              qP[k * ldq + i] = uint32_t(q[2 * k]) | (uint32_t(q[2 * k + 1]) << 16);
+        } else {
+          float* row = w.row.get(std::max<int64_t>(dim, 1));
+          std::fill(qT, qT + dim * ldq, 0.f);
+          for (int64_t i = 0; i < s.qlen; ++i) {
+            widen(queries + (s.qrow + i) * dim, row, dim);
+            for (int64_t k = 0; k < dim; ++k) qT[k * ldq + i] = row[k];
+          }
         }
-        cached_row = s.qrow;
-        cached_len = s.qlen;
+        w.cached_row = s.qrow;
+        w.cached_len = s.qlen;
       }
-      float* best = best_buf.get(ldq);
-      int32_t* arg = arg_buf.get(ldq);
-      std::fill(best, best + ldq, -std::numeric_limits<float>::infinity());
-      std::fill(arg, arg + ldq, 0);  // all -inf similarities: index 0, as torch.max
+      float* best = w.best.get(ldq);
+      int32_t* arg = w.arg.get(ldq);
+      std::fill(best, best + ldq, -inf);
+      std::fill(arg, arg + ldq, 0);  // all similarities -inf: index 0, as torch.max
       for (int64_t j0 = 0; j0 < s.dlen; j0 += block) {
         const int64_t n = std::min(block, s.dlen - j0);
         const T* src = documents + (s.drow + j0) * dim;
+        if (bf16_dot) {
+          sweep_bf16({qP, ldq, ldq, kpairs, reinterpret_cast<const uint16_t*>(src), dim, n,
+                      int32_t(j0), best, arg});
+          continue;
+        }
         const float* rows;
         if constexpr (std::is_same_v<T, float>) {
           rows = src;
         } else {
-          float* buf = doc_buf.get(std::max<int64_t>(block * dim, 1));
+          float* buf = w.doc.get(std::max<int64_t>(block * dim, 1));
           widen(src, buf, n * dim);
           rows = buf;
         }
@@ -176,10 +202,10 @@ void forward_f32(const Policy& pol, const T* queries, const T* documents, int64_
   });
 }
 
-// float64: accumulated in double, a plain loop (a reference-speed path).
+// float64 (scores in float64 too, for gradcheck): accumulated in double, a plain loop.
 template <class Policy, class ParallelFor>
 void forward_f64(const Policy& pol, const double* queries, const double* documents,
-                 int64_t dim, float* scores, int32_t* argmax, int64_t argmax_width,
+                 int64_t dim, double* scores, int32_t* argmax, int64_t argmax_width,
                  ParallelFor&& parallel_for) {
   parallel_for(int64_t(0), pol.num_pairs(), int64_t(1), [&](int64_t begin, int64_t end) {
     std::vector<int32_t> arg;
@@ -187,9 +213,9 @@ void forward_f64(const Policy& pol, const double* queries, const double* documen
       const PairSpec s = pol.pair(p);
       int32_t* arow = argmax ? argmax + p * argmax_width : nullptr;
       if (!s.ok || s.qlen == 0 || s.dlen == 0) {
-        scores[p] = !s.ok ? std::numeric_limits<float>::quiet_NaN()
-                    : s.qlen == 0 ? 0.f
-                                  : -std::numeric_limits<float>::infinity();
+        scores[p] = !s.ok ? std::numeric_limits<double>::quiet_NaN()
+                    : s.qlen == 0 ? 0.0
+                                  : -std::numeric_limits<double>::infinity();
         write_argmax_row(arow, argmax_width, 0, nullptr);
         continue;
       }
@@ -198,18 +224,24 @@ void forward_f64(const Policy& pol, const double* queries, const double* documen
       for (int64_t i = 0; i < s.qlen; ++i) {
         const double* q = queries + (s.qrow + i) * dim;
         double best = -std::numeric_limits<double>::infinity();
-        for (int64_t j = 0; j < s.dlen; ++j) {
-          const double* d = documents + (s.drow + j) * dim;
-          double acc = 0.0;
-          for (int64_t k = 0; k < dim; ++k) acc += q[k] * d[k];
-          if (acc > best || (std::isnan(acc) && !std::isnan(best))) {
-            best = acc;
-            arg[size_t(i)] = int32_t(j);
+        // Four documents rows at a time: four independent sums instead of one chain.
+        for (int64_t j0 = 0; j0 < s.dlen; j0 += 4) {
+          const double* d[4];
+          for (int r = 0; r < 4; ++r)
+            d[r] = documents + (s.drow + std::min<int64_t>(j0 + r, s.dlen - 1)) * dim;
+          double acc[4] = {0.0, 0.0, 0.0, 0.0};
+          for (int64_t k = 0; k < dim; ++k)
+            for (int r = 0; r < 4; ++r) acc[r] += q[k] * d[r][k];
+          for (int r = 0; r < 4 && j0 + r < s.dlen; ++r) {
+            if (acc[r] > best || (std::isnan(acc[r]) && !std::isnan(best))) {
+              best = acc[r];
+              arg[size_t(i)] = int32_t(j0 + r);
+            }
           }
         }
         total += best;
       }
-      scores[p] = float(total);
+      scores[p] = total;
       write_argmax_row(arow, argmax_width, s.qlen, arg.data());
     }
   });
@@ -220,12 +252,16 @@ void forward_f64(const Policy& pol, const double* queries, const double* documen
 //
 // An owner (a query or a document segment) accumulates all its contributions into a
 // private float32 (float64) buffer, pairs in the owner's listed order and rows in
-// increasing i, then adds it to its output rows. Owners are independent, so they run
-// in parallel; if segments could overlap (offsets not monotone) the owners run serially
+// increasing i, then writes its output rows. Owners are independent, so they run in
+// parallel; if segments could overlap (offsets not monotone) the owners run serially
 // so the result is still race-free and deterministic.
 //
 // An Owners policy provides: count(), rows(o, &row0, &nrows) -> bool (false: no
-// gradient), num_pairs(o), pair_at(o, t) -> pair index or -1, disjoint().
+// gradient), num_pairs(o), pair_at(o, t) -> pair index or -1, disjoint(), and
+// tiles_output(): the owners' rows are exactly all rows of the output. Then `out` may
+// be uninitialised and every owner stores all its rows (zeroing a large grad_documents
+// first would cost as much as the backward itself); otherwise `out` starts at zero and
+// owners add the rows they touched.
 
 template <class T> struct AccOf { using type = float; };
 template <> struct AccOf<double> { using type = double; };
@@ -236,7 +272,8 @@ template <class T> inline T store_acc(typename AccOf<T>::type v) { return from_f
 template <> inline double store_acc<double>(double v) { return v; }
 
 template <bool kToQuery, class T, class Policy, class Owners, class ParallelFor>
-void backward_owned(const Policy& pol, const Owners& owners, const float* grad_scores,
+void backward_owned(const Policy& pol, const Owners& owners,
+                    const typename AccOf<T>::type* grad_scores,
                     const T* queries, const T* documents, int64_t dim, const int32_t* argmax,
                     int64_t argmax_width, T* out, ParallelFor&& parallel_for) {
   using Acc = typename AccOf<T>::type;
@@ -248,7 +285,7 @@ void backward_owned(const Policy& pol, const Owners& owners, const float* grad_s
       int64_t row0 = 0, nrows = 0;
       if (!owners.rows(o, &row0, &nrows) || nrows == 0) continue;
       acc.assign(size_t(nrows * dim), Acc(0));
-      bool touched = false;
+      bool touched = owners.tiles_output();  // must store even an all-zero owner
       const int64_t npairs = owners.num_pairs(o);
       for (int64_t t = 0; t < npairs; ++t) {
         const int64_t p = owners.pair_at(o, t);
@@ -272,8 +309,12 @@ void backward_owned(const Policy& pol, const Owners& owners, const float* grad_s
       }
       if (!touched) continue;
       T* dst = out + row0 * dim;
-      for (int64_t e = 0; e < nrows * dim; ++e)
-        dst[e] = store_acc<T>(load_acc(dst[e]) + acc[size_t(e)]);
+      if (owners.tiles_output()) {
+        for (int64_t e = 0; e < nrows * dim; ++e) dst[e] = store_acc<T>(acc[size_t(e)]);
+      } else {
+        for (int64_t e = 0; e < nrows * dim; ++e)
+          dst[e] = store_acc<T>(load_acc(dst[e]) + acc[size_t(e)]);
+      }
     }
   });
 }
@@ -292,6 +333,7 @@ struct StridedOwners {
   int64_t num_pairs(int64_t) const { return pairs_per_owner; }
   int64_t pair_at(int64_t o, int64_t t) const { return o * pair_base_mul + t * pair_step; }
   bool disjoint() const { return true; }
+  bool tiles_output() const { return true; }
 };
 
 inline bool offsets_monotone(const IndexView& off) {
@@ -316,6 +358,7 @@ struct OffsetOwnersStrided {
   int64_t num_pairs(int64_t) const { return pairs_per_owner; }
   int64_t pair_at(int64_t o, int64_t t) const { return o + t * pair_step; }
   bool disjoint() const { return monotone; }
+  bool tiles_output() const { return false; }
 };
 
 // Packed owners: segment from offsets, pairs from a CSR (pairs_by_x, x_pair_offsets).
@@ -328,7 +371,10 @@ struct PackedOwners {
   bool monotone;
   int64_t count() const { return std::min(offsets.size, pair_offsets.size) - 1; }
   bool rows(int64_t o, int64_t* r0, int64_t* n) const {
-    return PackedPolicy::segment(offsets, total_rows, o, r0, n) && ((*n -= *r0), true);
+    int64_t e = 0;
+    if (!PackedPolicy::segment(offsets, total_rows, o, r0, &e)) return false;
+    *n = e - *r0;
+    return true;
   }
   bool csr(int64_t o, int64_t* s, int64_t* e) const {
     *s = pair_offsets[o];
@@ -347,6 +393,7 @@ struct PackedOwners {
     return p;
   }
   bool disjoint() const { return monotone; }
+  bool tiles_output() const { return false; }
 };
 
 }  // namespace maxsim_cpu

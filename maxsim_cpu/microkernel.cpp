@@ -1,132 +1,145 @@
-// The float32 hot loop: a register tile of [R document rows x NV*W query columns],
-// filled by broadcasting one document element against W-wide query vectors per FMA,
-// then folded into the running max "vertically" (lane = query token), so no
-// horizontal reductions and no similarity matrix beyond the tile.
+// Per-ISA builds of the microkernels, chosen once at run time, so no -march flag is
+// needed and one binary runs on any x86-64 and on arm64:
+//   avx512 (+bf16)  microkernel_avx512.h (intrinsics; vdpbf16ps where the CPU has it)
+//   avx2 / generic  microkernel_impl.h (GCC/Clang vector extensions; also arm64 NEON)
 //
-// Written with GCC/Clang vector extensions and compiled per instruction set through
-// target_clones; no -march flag is needed and the binary runs on any x86-64 / arm64.
+// Not target_clones: target_clones("avx2,fma") makes two clones (AVX2 without FMA and
+// FMA without AVX2), and GCC lowers vector compares in an always_inline helper for the
+// helper's own (baseline) target before inlining, which scalarised the epilogue. A
+// target pragma around an included body puts every helper under the target.
 #include "maxsim_cpu/microkernel.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #if defined(__x86_64__) && !defined(__APPLE__) && defined(__GNUC__)
-#define MAXSIM_CLONES __attribute__((target_clones("avx512f", "avx2,fma", "default")))
-#define MAXSIM_HAS_CLONES 1
+#define MAXSIM_X86_DISPATCH 1
+#include <immintrin.h>
 #else
-#define MAXSIM_CLONES
-#define MAXSIM_HAS_CLONES 0
+#define MAXSIM_X86_DISPATCH 0
 #endif
 #define MAXSIM_INLINE inline __attribute__((always_inline))
 
 namespace maxsim_cpu {
 namespace {
 
-template <int W> struct Vec {
-  typedef float F __attribute__((vector_size(W * 4)));
-  typedef int32_t I __attribute__((vector_size(W * 4)));
+// Tile shapes: kR rows x kNV vectors of kW floats, sized to the register file.
+namespace isa_generic {
+#if defined(__aarch64__)
+constexpr int kW = 4, kR = 6, kNV = 4;  // 24 of the 32 NEON registers
+#else
+constexpr int kW = 4, kR = 4, kNV = 2;  // 8 of the 16 SSE2 registers
+#endif
+#include "maxsim_cpu/microkernel_impl.h"
+}  // namespace isa_generic
+
+#if MAXSIM_X86_DISPATCH
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+namespace isa_avx2 {
+constexpr int kW = 8, kR = 6, kNV = 2;  // 12 of the 16 ymm registers
+#include "maxsim_cpu/microkernel_impl.h"
+// F16C converts 8 halves per instruction (the portable bit trick costs ~8).
+void widen_half_f16c(const Half* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  for (; i < n; ++i) dst[i] = half_bits_to_float(src[i].bits);
+}
+}  // namespace isa_avx2
+#if defined(__clang__)
+#pragma clang attribute pop
+#pragma clang attribute push(__attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,fma"))), apply_to = function)
+#else
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,fma")
+#endif
+namespace isa_avx512 {
+constexpr bool kBf16 = false;
+constexpr int kW = 8, kR = 6, kNV = 2;  // unused here: only the 16-bit widening is
+#include "maxsim_cpu/microkernel_impl.h"
+#include "maxsim_cpu/microkernel_avx512.h"
+void sweep512_entry(const SweepArgs& a) {
+  sweep512(a.qT, a.ldq, a.ncols, a.dim, a.doc, a.ldd, a.nrows, a.j0, a.best, a.arg);
+}
+}  // namespace isa_avx512
+#if defined(__clang__)
+#pragma clang attribute pop
+#pragma clang attribute push(__attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16"))), apply_to = function)
+#else
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16")
+#endif
+namespace isa_avx512bf16 {
+constexpr bool kBf16 = true;
+#include "maxsim_cpu/microkernel_avx512.h"
+void sweep_bf16_entry(const SweepBf16Args& a) {
+  sweep512(a.qT, a.ldq, a.ncols, a.kpairs, a.doc, a.ldd, a.nrows, a.j0, a.best, a.arg);
+}
+}  // namespace isa_avx512bf16
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif  // MAXSIM_X86_DISPATCH
+
+struct Kernels {
+  void (*sweep)(const SweepArgs&);
+  void (*widen_half)(const Half*, float*, int64_t);
+  void (*widen_bf16)(const BFloat16*, float*, int64_t);
+  void (*sweep_bf16)(const SweepBf16Args&) = nullptr;
 };
 
-template <class V> MAXSIM_INLINE V load(const void* p) {
-  V v;
-  __builtin_memcpy(&v, p, sizeof(V));
-  return v;
-}
-template <class V> MAXSIM_INLINE void store(void* p, V v) { __builtin_memcpy(p, &v, sizeof(V)); }
+#define MAXSIM_KERNELS(ns) Kernels{ns::sweep_entry, ns::widen_half_entry, ns::widen_bf16_entry}
 
-// Columns [0, NV*W) of qT against all document rows. Rows past the end are served by
-// re-reading the last row: a duplicate can never beat the original under strict >
-// (and a NaN duplicate finds the lane already NaN), so tails need no masking.
-template <int W, int R, int NV>
-MAXSIM_INLINE void sweep_tile(const float* qT, int64_t ldq, int64_t dim, const float* doc,
-                              int64_t ldd, int64_t nrows, int32_t j0, float* best,
-                              int32_t* arg) {
-  using F = typename Vec<W>::F;
-  using I = typename Vec<W>::I;
-  F bv[NV];
-  I av[NV];
-  for (int v = 0; v < NV; ++v) {
-    bv[v] = load<F>(best + v * W);
-    av[v] = load<I>(arg + v * W);
-  }
-  for (int64_t r0 = 0; r0 < nrows; r0 += R) {
-    const float* rows[R];
-    for (int r = 0; r < R; ++r) rows[r] = doc + std::min<int64_t>(r0 + r, nrows - 1) * ldd;
-    F acc[R][NV];
-    for (int r = 0; r < R; ++r)
-      for (int v = 0; v < NV; ++v) acc[r][v] = F{};
-    const float* q = qT;
-    for (int64_t k = 0; k < dim; ++k, q += ldq) {
-      F qv[NV];
-      for (int v = 0; v < NV; ++v) qv[v] = load<F>(q + v * W);
-#pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) {
-        const float x = rows[r][k];
-        for (int v = 0; v < NV; ++v) acc[r][v] += qv[v] * x;
-      }
+// MAXSIM_CPU_ISA=generic|avx2|avx512 caps the choice (to test the fallbacks on a big
+// machine); it never selects more than the CPU has.
+const Kernels& kernels() {
+  static const Kernels k = [] {
+    const char* env = std::getenv("MAXSIM_CPU_ISA");
+    const std::string cap = env ? env : "";
+#if MAXSIM_X86_DISPATCH
+    __builtin_cpu_init();
+    if (cap != "generic" && cap != "avx2" && __builtin_cpu_supports("avx512f") &&
+        __builtin_cpu_supports("f16c") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl")) {
+      Kernels k{isa_avx512::sweep512_entry, isa_avx2::widen_half_f16c, isa_avx512::widen_bf16_entry};
+      if (__builtin_cpu_supports("avx512bf16")) k.sweep_bf16 = isa_avx512bf16::sweep_bf16_entry;
+      return k;
     }
-    for (int r = 0; r < R; ++r) {
-      const I j = I{} + int32_t(j0 + r0 + r);
-      for (int v = 0; v < NV; ++v) {
-        const F s = acc[r][v];
-        // (s > best) || (isnan(s) && !isnan(best)): NaN wins, first NaN is kept.
-        const I take = (s > bv[v]) | ((s != s) & (bv[v] == bv[v]));
-        bv[v] = (F)(((I)s & take) | ((I)bv[v] & ~take));
-        av[v] = (j & take) | (av[v] & ~take);
-      }
-    }
-  }
-  for (int v = 0; v < NV; ++v) {
-    store(best + v * W, bv[v]);
-    store(arg + v * W, av[v]);
-  }
-}
-
-bool use_wide_tiles() {
-#if MAXSIM_HAS_CLONES
-  static const bool wide = __builtin_cpu_supports("avx512f");
-  return wide;
-#else
-  return false;
+    if (cap != "generic" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
+      return Kernels{isa_avx2::sweep_entry, isa_avx2::widen_half_f16c, isa_avx2::widen_bf16_entry};
 #endif
-}
-
-MAXSIM_CLONES void sweep_impl(const SweepArgs& a, bool wide) {
-  int64_t c = 0;
-  if (wide) {  // 16 zmm accumulators: 8 rows x 32 columns
-    for (; c + 32 <= a.ncols; c += 32)
-      sweep_tile<16, 8, 2>(a.qT + c, a.ldq, a.dim, a.doc, a.ldd, a.nrows, a.j0, a.best + c,
-                           a.arg + c);
-    for (; c < a.ncols; c += 16)
-      sweep_tile<16, 8, 1>(a.qT + c, a.ldq, a.dim, a.doc, a.ldd, a.nrows, a.j0, a.best + c,
-                           a.arg + c);
-  } else {  // 12 ymm (or 24 xmm/NEON) accumulators: 6 rows x 16 columns
-    for (; c < a.ncols; c += 16)
-      sweep_tile<8, 6, 2>(a.qT + c, a.ldq, a.dim, a.doc, a.ldd, a.nrows, a.j0, a.best + c,
-                          a.arg + c);
-  }
-}
-
-template <class S, float (*Conv)(uint16_t)>
-MAXSIM_INLINE void widen_impl(const S* src, float* dst, int64_t n) {
-  const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
-  for (int64_t i = 0; i < n; ++i) dst[i] = Conv(s[i]);
-}
-
-MAXSIM_CLONES void widen_half(const Half* src, float* dst, int64_t n) {
-  widen_impl<Half, half_bits_to_float>(src, dst, n);
-}
-MAXSIM_CLONES void widen_bf16(const BFloat16* src, float* dst, int64_t n) {
-  widen_impl<BFloat16, bf16_bits_to_float>(src, dst, n);
+    return MAXSIM_KERNELS(isa_generic);
+  }();
+  return k;
 }
 
 }  // namespace
 
 void sweep(const SweepArgs& a) {
   if (a.nrows <= 0 || a.ncols <= 0) return;
-  sweep_impl(a, use_wide_tiles());
+  kernels().sweep(a);
 }
 
-void widen(const Half* src, float* dst, int64_t n) { widen_half(src, dst, n); }
-void widen(const BFloat16* src, float* dst, int64_t n) { widen_bf16(src, dst, n); }
+bool has_bf16_dot() { return kernels().sweep_bf16 != nullptr; }
+
+void sweep_bf16(const SweepBf16Args& a) {
+  if (a.nrows <= 0 || a.ncols <= 0) return;
+  kernels().sweep_bf16(a);
+}
+
+void widen(const Half* src, float* dst, int64_t n) { kernels().widen_half(src, dst, n); }
+void widen(const BFloat16* src, float* dst, int64_t n) { kernels().widen_bf16(src, dst, n); }
 
 }  // namespace maxsim_cpu

@@ -1,6 +1,6 @@
 // Torch-free building blocks of the CPU kernels: element storage types and the
-// float32 similarity/max microkernel (defined in microkernel.cpp, where it is compiled
-// once per instruction set and picked at load time).
+// similarity/max microkernels (defined in microkernel.cpp, which compiles them once per
+// instruction set and picks one on first use).
 #pragma once
 
 #include <cmath>
@@ -70,7 +70,6 @@ inline uint16_t float_to_bf16_bits(float value) {
 inline float to_float(float v) { return v; }
 inline float to_float(Half v) { return half_bits_to_float(v.bits); }
 inline float to_float(BFloat16 v) { return bf16_bits_to_float(v.bits); }
-inline double to_double(double v) { return v; }
 
 template <class T> inline T from_float(float v);
 template <> inline float from_float<float>(float v) { return v; }
@@ -103,6 +102,24 @@ struct SweepArgs {
   int32_t* arg;
 };
 void sweep(const SweepArgs& a);
+
+// bfloat16 variant (AVX512_BF16 only; check has_bf16_dot()): qT holds the query as
+// bfloat16 pairs, element 2k in the low half of dword [k][i]; doc rows are bfloat16,
+// ldd elements apart; kpairs = dim / 2 (dim must be even).
+struct SweepBf16Args {
+  const uint32_t* qT;
+  int64_t ldq;
+  int64_t ncols;
+  int64_t kpairs;
+  const uint16_t* doc;
+  int64_t ldd;
+  int64_t nrows;
+  int32_t j0;
+  float* best;
+  int32_t* arg;
+};
+bool has_bf16_dot();
+void sweep_bf16(const SweepBf16Args& a);
 
 // Rows of qT are padded to this many columns (one 512-bit vector of floats).
 constexpr int64_t kColumnQuantum = 16;

@@ -121,7 +121,7 @@ def _packed_args(queries, query_offsets, documents, document_offsets, pair_query
         # The argmax width is the longest query: reading it is a host sync on a GPU.
         max_q_len = int((query_offsets[1:] - query_offsets[:-1]).max()) if n_queries > 0 else 0
     else:
-        max_q_len = -1
+        max_q_len = 0  # no argmax: the width is unused (and ops reject a negative one)
     return (queries.contiguous(), query_offsets.contiguous(), documents.contiguous(),
             document_offsets.contiguous(), pair_query_ids.contiguous(),
             pair_document_ids.contiguous(), max_q_len)

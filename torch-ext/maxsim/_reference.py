@@ -78,11 +78,13 @@ def score_candidates_padded_reference(queries, documents, query_lengths, doc_len
 
 def _gather_rows(tokens_by_pair: torch.Tensor, argmax: torch.Tensor) -> torch.Tensor:
     """tokens_by_pair [P, Ld, D], argmax [P, Lq] -> the matched rows [P, Lq, D] (0 where -1)."""
+    if tokens_by_pair.shape[1] == 0:  # no document rows (Ld == 0): nothing is matched
+        return tokens_by_pair.new_zeros(*argmax.shape, tokens_by_pair.shape[-1])
     safe = argmax.clamp(min=0).to(torch.int64)
     rows = torch.gather(
         tokens_by_pair, 1, safe.unsqueeze(-1).expand(*safe.shape, tokens_by_pair.shape[-1])
     )
-    return rows * (argmax >= 0).unsqueeze(-1).to(rows.dtype)
+    return torch.where((argmax >= 0).unsqueeze(-1), rows, torch.zeros_like(rows))
 
 
 def score_candidates_padded_backward_reference(
@@ -93,13 +95,16 @@ def score_candidates_padded_backward_reference(
     b, c, ld, dim = documents.shape
     g = grad_scores.to(acc)
     matched = argmax >= 0  # [B, C, Lq]
+    lq = argmax.shape[-1]
     docs = documents.to(acc).reshape(b * c, ld, dim)
-    rows = _gather_rows(docs, argmax.reshape(b * c, -1)).reshape(b, c, -1, dim)
+    rows = _gather_rows(docs, argmax.reshape(b * c, lq)).reshape(b, c, lq, dim)
     grad_q = (g[:, :, None, None] * rows).sum(dim=1)
-    contrib = (g[:, :, None, None] * queries.to(acc)[:, None]) * matched.unsqueeze(-1)
+    contrib = g[:, :, None, None] * queries.to(acc)[:, None]
+    contrib = torch.where(matched.unsqueeze(-1), contrib, torch.zeros_like(contrib))
     grad_d = torch.zeros(b * c, ld, dim, dtype=acc, device=queries.device)
-    flat_arg = argmax.clamp(min=0).to(torch.int64).reshape(b * c, -1)
-    grad_d.scatter_add_(1, flat_arg.unsqueeze(-1).expand(-1, -1, dim), contrib.reshape(b * c, -1, dim))
+    flat_arg = argmax.clamp(min=0).to(torch.int64).reshape(b * c, lq)
+    if ld > 0:
+        grad_d.scatter_add_(1, flat_arg.unsqueeze(-1).expand(-1, -1, dim), contrib.reshape(b * c, lq, dim))
     return grad_q.to(queries.dtype), grad_d.reshape(documents.shape).to(documents.dtype)
 
 
@@ -136,11 +141,13 @@ def score_contrastive_backward_reference(
     if docs.shape[0] == 0:
         gathered = docs.new_zeros(*rows_idx.shape, docs.shape[-1])
     else:
-        gathered = docs[rows_idx] * matched.unsqueeze(-1)
+        gathered = torch.where(matched.unsqueeze(-1), docs[rows_idx], 0.0)
     grad_q = (g[:, :, None, None] * gathered).sum(dim=1)
-    contrib = (g[:, :, None, None] * queries.to(acc)[:, None]) * matched.unsqueeze(-1)
+    contrib = g[:, :, None, None] * queries.to(acc)[:, None]
+    contrib = torch.where(matched.unsqueeze(-1), contrib, torch.zeros_like(contrib))
     grad_d = torch.zeros_like(docs)
-    grad_d.index_add_(0, rows_idx.reshape(-1), contrib.reshape(-1, docs.shape[-1]))
+    if docs.shape[0] > 0:  # no document rows: nothing matched (and index 0 would be out of range)
+        grad_d.index_add_(0, rows_idx.reshape(-1), contrib.reshape(rows_idx.numel(), docs.shape[-1]))
     return grad_q.to(queries.dtype), grad_d.to(documents.dtype)
 
 
@@ -181,10 +188,11 @@ def score_pairs_packed_backward_reference(
     d_rows = d_start[:, None] + argmax.clamp(min=0).to(torch.int64)
     q_rows = torch.where(matched, q_rows, torch.zeros_like(q_rows)).reshape(-1)
     d_rows = torch.where(matched, d_rows, torch.zeros_like(d_rows)).reshape(-1)
-    g = (grad_scores.to(acc)[:, None] * matched).reshape(-1, 1)
+    g = grad_scores.to(acc)[:, None].expand(matched.shape).reshape(-1, 1)
+    keep = matched.reshape(-1, 1)
     q, d = queries.to(acc), documents.to(acc)
     grad_q, grad_d = torch.zeros_like(q), torch.zeros_like(d)
     if matched.any():
-        grad_q.index_add_(0, q_rows, g * d[d_rows])
-        grad_d.index_add_(0, d_rows, g * q[q_rows])
+        grad_q.index_add_(0, q_rows, torch.where(keep, g * d[d_rows], 0.0))
+        grad_d.index_add_(0, d_rows, torch.where(keep, g * q[q_rows], 0.0))
     return grad_q.to(queries.dtype), grad_d.to(documents.dtype)

@@ -1,0 +1,346 @@
+"""Workload definitions, input builders and naive baselines shared by the benchmarks.
+
+Imported by `benchmarks/benchmark.py` (the `kernels benchmark` CLI) and by
+`benchmarks/compare.py` (the side-by-side comparison), so both time the same inputs.
+
+Conventions (see the workload table in the project's benchmark notes):
+- dim D = 128; embeddings are L2-normalised random vectors (drawn in float32, then cast).
+- "ragged": query lengths uniform in [Lq/2, Lq], document lengths uniform in [Ld/4, Ld].
+  "full": every sequence has its padded length.
+- padded rerank: queries [B, Lq, D], documents [B, C, Ld, D] (padding rows hold random
+  vectors: they must be ignored). The *Packed workloads hand the same ragged data over
+  packed: B query segments, B*C document segments, B*C (query, document) pairs.
+- contrastive: queries [Nq, Lq, D] against Nb documents packed [T, D] with offsets.
+  A training step is forward + backward of (scores * g).sum() for a fixed random g.
+
+CPU shapes. A 2-core CPU cannot run the GPU shapes in a benchmark session (BigColBERT is
+~0.4 TFLOP per forward), so every workload also carries a `cpu` shape that divides the
+batch dimensions (B; Nq and Nb; the corpus size) and keeps the per-pair shape
+(Lq, Ld, D) that gives the workload its character. `Workload.cpu_scale` is the fraction
+of (query, document) pairs kept; it is printed by compare.py and listed here:
+
+    SmallRerank     B 32 -> 32            1        Contrastive   32x32  -> 16x16   1/4
+    Rerank          B 32 -> 8             1/4      LongDocs      32x32  -> 8x8     1/16
+    HeavyRerank     B 32 -> 4             1/8      BigBatch      64x64  -> 16x16   1/16
+    LongDocStress   B  8 -> 2             1/4      ColPali       32x32  -> 8x8     1/16
+    ColPaliRerank   B 16 -> 2             1/8      BigColBERT    512x512 -> 32x32  1/256
+    (*Packed: same as the padded one)              DocDoc        64x64  -> 4x4     1/256
+                                                   ColBERTCorpus 32x10000 -> 8x500   1/80
+                                                   ColPaliCorpus 8x4096   -> 2x256   1/64
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+DIM = 128
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    surface: str           # "padded" | "packed" | "contrastive"
+    train: bool            # contrastive only: forward + backward
+    shape: dict            # padded/packed: B, C, Lq, Ld; contrastive: Nq, Nb, Lq, Ld
+    cpu_shape: dict        # same keys, scaled down for CPU runs
+    layout: str = "ragged"  # default layout for this workload ("full" | "ragged")
+    gpu_dtype: torch.dtype = torch.float16
+    note: str = ""
+
+    def pairs(self, shape: dict) -> int:
+        return shape["B"] * shape["C"] if "B" in shape else shape["Nq"] * shape["Nb"]
+
+    @property
+    def cpu_scale(self) -> float:
+        return self.pairs(self.cpu_shape) / self.pairs(self.shape)
+
+    def shape_for(self, device) -> dict:
+        return self.cpu_shape if torch.device(device).type == "cpu" else self.shape
+
+    def describe(self, shape: dict) -> str:
+        return ", ".join(f"{k}={v}" for k, v in shape.items())
+
+
+def _padded(name, B, C, Lq, Ld, cpu_B, layout="ragged"):
+    return Workload(name, "padded", False, dict(B=B, C=C, Lq=Lq, Ld=Ld),
+                    dict(B=cpu_B, C=C, Lq=Lq, Ld=Ld), layout)
+
+
+def _packed(w: Workload) -> Workload:
+    return Workload(w.name + "Packed", "packed", False, w.shape, w.cpu_shape, "ragged")
+
+
+def _train(name, N, Lq, Ld, cpu_N, dtype=torch.float16):
+    return Workload(name, "contrastive", True, dict(Nq=N, Nb=N, Lq=Lq, Ld=Ld),
+                    dict(Nq=cpu_N, Nb=cpu_N, Lq=Lq, Ld=Ld), "full", dtype)
+
+
+_PADDED = [
+    _padded("SmallRerank", 32, 10, 32, 180, cpu_B=32),
+    _padded("Rerank", 32, 50, 32, 180, cpu_B=8),
+    _padded("HeavyRerank", 32, 100, 32, 256, cpu_B=4),
+    _padded("LongDocStress", 8, 16, 64, 1024, cpu_B=2),
+    _padded("ColPaliRerank", 16, 64, 32, 1030, cpu_B=2),
+]
+
+WORKLOADS: dict[str, Workload] = {w.name: w for w in (
+    *_PADDED,
+    *(_packed(w) for w in _PADDED),
+    _train("Contrastive", 32, 32, 80, cpu_N=16),
+    _train("LongDocs", 32, 32, 512, cpu_N=8),
+    _train("BigBatch", 64, 32, 128, cpu_N=16),
+    _train("ColPali", 32, 32, 1030, cpu_N=8),
+    _train("BigColBERT", 512, 32, 180, cpu_N=32, dtype=torch.bfloat16),
+    _train("DocDoc", 64, 1024, 1024, cpu_N=4, dtype=torch.bfloat16),
+    Workload("ColBERTCorpus", "contrastive", False, dict(Nq=32, Nb=10_000, Lq=32, Ld=256),
+             dict(Nq=8, Nb=500, Lq=32, Ld=256)),
+    Workload("ColPaliCorpus", "contrastive", False, dict(Nq=8, Nb=4096, Lq=32, Ld=1030),
+             dict(Nq=2, Nb=256, Lq=32, Ld=1030)),
+)}
+
+
+def default_dtype(w: Workload, device) -> torch.dtype:
+    """fp16 (bf16 where the table says so) on a GPU, float32 on the CPU."""
+    return torch.float32 if torch.device(device).type == "cpu" else w.gpu_dtype
+
+
+# ---- inputs -----------------------------------------------------------------------------
+
+def _unit(gen, shape, dtype, device):
+    x = torch.randn(*shape, generator=gen, device=device, dtype=torch.float32)
+    x = torch.nn.functional.normalize(x, dim=-1)
+    return x.to(dtype)
+
+
+def _lengths(gen, n, full_len, low, layout, device):
+    if layout == "full":
+        return torch.full(n, full_len, dtype=torch.int32, device=device)
+    return torch.randint(low, full_len + 1, n, generator=gen, device=device, dtype=torch.int32)
+
+
+def offsets(lengths):
+    off = torch.zeros(lengths.numel() + 1, dtype=torch.int32, device=lengths.device)
+    off[1:] = torch.cumsum(lengths.reshape(-1), 0)
+    return off
+
+
+def valid_mask(lengths, width):
+    """lengths [...] -> bool [..., width] (True where the position is a real token)."""
+    return torch.arange(width, device=lengths.device) < lengths.unsqueeze(-1)
+
+
+def unpack(tokens, offsets, width):
+    """Packed rows [T, D] + offsets [N + 1] -> zero-padded [N, width, D] (no host sync)."""
+    off = offsets.to(torch.int64)
+    valid = valid_mask(off[1:] - off[:-1], width)
+    padded = tokens.new_zeros(valid.shape[0], width, tokens.shape[-1])
+    return padded.masked_scatter_(valid.unsqueeze(-1), tokens)
+
+
+@dataclass
+class Inputs:
+    """Everything the implementations need, built once per (workload, dtype, layout)."""
+    workload: Workload
+    shape: dict
+    dtype: torch.dtype
+    layout: str
+    t: dict = field(default_factory=dict)   # the tensors; see build_inputs
+
+    def __getattr__(self, name):
+        try:
+            return self.__dict__["t"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    @property
+    def device(self) -> torch.device:
+        return self.t["queries" if "queries" in self.t else "queries_packed"].device
+
+    def bytes_in(self) -> int:
+        """Bytes of the embeddings handed to maxsim for this surface."""
+        keys = ("queries", "documents") if self.workload.surface == "padded" else \
+            ("queries_packed", "documents_packed") if self.workload.surface == "packed" else \
+            ("queries", "documents_packed")
+        return sum(self.t[k].numel() * self.t[k].element_size() for k in keys)
+
+    def useful_flops(self) -> float:
+        """2 * D * sum over pairs of valid q tokens x valid d tokens (one forward)."""
+        s = self.t
+        if self.workload.surface in ("padded", "packed"):
+            return 2.0 * DIM * float((s["query_lengths"].double()[:, None] * s["doc_lengths"].double()).sum())
+        q = s["query_lengths"].double().sum() if s["query_lengths"] is not None else \
+            self.shape["Nq"] * self.shape["Lq"]
+        return 2.0 * DIM * float(q) * float(s["doc_lengths"].double().sum())
+
+
+def build_inputs(w: Workload, device, dtype=None, layout=None, seed=0, shape=None) -> Inputs:
+    device = torch.device(device)
+    dtype = dtype or default_dtype(w, device)
+    layout = layout or w.layout
+    shape = shape or w.shape_for(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    t = {}
+    Lq, Ld = shape["Lq"], shape["Ld"]
+    if w.surface in ("padded", "packed"):
+        B, C = shape["B"], shape["C"]
+        t["queries"] = _unit(gen, (B, Lq, DIM), dtype, device)
+        t["documents"] = _unit(gen, (B, C, Ld, DIM), dtype, device)
+        t["query_lengths"] = _lengths(gen, (B,), Lq, Lq // 2, layout, device)
+        t["doc_lengths"] = _lengths(gen, (B, C), Ld, Ld // 4, layout, device)
+        if w.surface == "packed":
+            # Same ragged data, packed: segment b is query b, segment b*C + c its c-th candidate.
+            t["queries_packed"] = t["queries"][valid_mask(t["query_lengths"], Lq)]
+            t["query_offsets"] = offsets(t["query_lengths"])
+            t["documents_packed"] = t["documents"][valid_mask(t["doc_lengths"], Ld)]
+            t["document_offsets"] = offsets(t["doc_lengths"])
+            t["pair_query_ids"] = torch.arange(B, device=device, dtype=torch.int32).repeat_interleave(C)
+            t["pair_document_ids"] = torch.arange(B * C, device=device, dtype=torch.int32)
+            del t["queries"], t["documents"]   # the packed surface never sees the padded copies
+    else:
+        Nq, Nb = shape["Nq"], shape["Nb"]
+        t["queries"] = _unit(gen, (Nq, Lq, DIM), dtype, device)
+        q_len = _lengths(gen, (Nq,), Lq, Lq // 2, layout, device)
+        t["query_lengths"] = None if layout == "full" else q_len
+        t["doc_lengths"] = _lengths(gen, (Nb,), Ld, Ld // 4, layout, device)
+        t["document_offsets"] = offsets(t["doc_lengths"])
+        total = Nb * Ld if layout == "full" else int(t["document_offsets"][-1])
+        t["documents_packed"] = _unit(gen, (total, DIM), dtype, device)
+        if w.train:
+            t["grad_weights"] = torch.randn(Nq, Nb, generator=gen, device=device)
+    return Inputs(w, shape, dtype, layout, t)
+
+
+def padded_documents(x: Inputs):
+    """Contrastive documents as [Nb, Ld, D] (a view for the full layout, else a padded copy)."""
+    Ld = x.shape["Ld"]
+    if x.layout == "full":
+        return x.documents_packed.view(-1, Ld, DIM)
+    return unpack(x.documents_packed, x.document_offsets, Ld)
+
+
+def packed_queries(x: Inputs):
+    """Contrastive queries as packed rows [Tq, D] + offsets [Nq + 1] (for the peers' varlen APIs)."""
+    Nq, Lq = x.shape["Nq"], x.shape["Lq"]
+    if x.query_lengths is None:
+        lengths = torch.full((Nq,), Lq, dtype=torch.int32, device=x.queries.device)
+        return x.queries.reshape(Nq * Lq, DIM), offsets(lengths)
+    return x.queries[valid_mask(x.query_lengths, Lq)], offsets(x.query_lengths)
+
+
+# ---- maxsim calls ---------------------------------------------------------------------
+
+def maxsim_call(kernel, x: Inputs, leaves=None):
+    """The maxsim entry point for this workload; returns scores (grads are side effects)."""
+    w = x.workload
+    if w.surface == "padded":
+        return kernel.score_candidates_padded(x.queries, x.documents, x.query_lengths, x.doc_lengths)
+    if w.surface == "packed":
+        return kernel.score_pairs_packed(
+            x.queries_packed, x.query_offsets, x.documents_packed, x.document_offsets,
+            x.pair_query_ids, x.pair_document_ids, max_q_len=x.shape["Lq"])
+    if not w.train:
+        return kernel.score_contrastive(x.queries, x.documents_packed, x.document_offsets,
+                                        query_lengths=x.query_lengths)
+    q, d = leaves
+    scores = kernel.score_contrastive_train(q, d, x.document_offsets, query_lengths=x.query_lengths)
+    torch.autograd.grad((scores * x.grad_weights).sum(), (q, d))
+    return scores.detach()
+
+
+def train_leaves(x: Inputs, padded_docs=False):
+    """Fresh leaf tensors (requires_grad) for one training implementation."""
+    d = padded_documents(x) if padded_docs else x.documents_packed
+    return x.queries.detach().requires_grad_(), d.detach().clone().requires_grad_()
+
+
+def reference(kernel, x: Inputs, max_bytes=1 << 30):
+    """The package's *_reference scores, computed in query chunks to bound memory."""
+    w = x.workload
+    if w.surface == "padded":
+        per = x.documents.shape[1] * x.shape["Lq"] * x.shape["Ld"] * 4 * 3
+        step = max(1, max_bytes // per)
+        return torch.cat([kernel.score_candidates_padded_reference(
+            x.queries[i:i + step], x.documents[i:i + step], x.query_lengths[i:i + step],
+            x.doc_lengths[i:i + step]) for i in range(0, x.shape["B"], step)])
+    if w.surface == "packed":
+        return kernel.score_pairs_packed_reference(
+            x.queries_packed, x.query_offsets, x.documents_packed, x.document_offsets,
+            x.pair_query_ids, x.pair_document_ids, max_q_len=x.shape["Lq"])
+    per = x.shape["Nb"] * x.shape["Lq"] * x.shape["Ld"] * 4 * 3
+    step = max(1, max_bytes // per)
+    out = []
+    for i in range(0, x.shape["Nq"], step):
+        ql = None if x.query_lengths is None else x.query_lengths[i:i + step]
+        out.append(kernel.score_contrastive_reference(
+            x.queries[i:i + step], x.documents_packed, x.document_offsets, ql))
+    return torch.cat(out)
+
+
+# ---- naive PyTorch: materialise the similarities in the input dtype ------------------------
+
+def _reduce(sims, q_valid, d_valid):
+    """sims [..., Lq, Ld] in the input dtype -> float32 scores; masks may be None (full)."""
+    if d_valid is not None:
+        sims = sims.masked_fill(~d_valid.unsqueeze(-2), float("-inf"))
+    best = sims.amax(dim=-1).float()
+    if q_valid is not None:
+        best = best.masked_fill(~q_valid, 0.0)
+    return best.sum(dim=-1)
+
+
+def naive_padded(q, d, q_len=None, d_len=None):
+    sims = torch.einsum("bqd,bcld->bcql", q, d)
+    qv = None if q_len is None else valid_mask(q_len, q.shape[1]).unsqueeze(1)
+    dv = None if d_len is None else valid_mask(d_len, d.shape[2])
+    return _reduce(sims, qv, dv)
+
+
+def naive_contrastive(q, d_padded, q_len=None, d_len=None):
+    sims = torch.einsum("qid,njd->qnij", q, d_padded)
+    qv = None if q_len is None else valid_mask(q_len, q.shape[1]).unsqueeze(1)
+    dv = None if d_len is None else valid_mask(d_len, d_padded.shape[1]).unsqueeze(0)
+    return _reduce(sims, qv, dv)
+
+
+def naive_call(x: Inputs, leaves=None):
+    """What a PyTorch user writes without a kernel. Packed inputs are padded first."""
+    w, ragged = x.workload, x.layout == "ragged"
+    ql = x.query_lengths if ragged else None
+    if w.surface == "padded":
+        return naive_padded(x.queries, x.documents, ql, x.doc_lengths if ragged else None)
+    if w.surface == "packed":
+        Lq, Ld = x.shape["Lq"], x.shape["Ld"]
+        q = unpack(x.queries_packed, x.query_offsets, Lq)[x.pair_query_ids.long()]
+        d = unpack(x.documents_packed, x.document_offsets, Ld)[x.pair_document_ids.long()]
+        sims = torch.einsum("pid,pjd->pij", q, d)
+        q_len = x.query_lengths[x.pair_query_ids.long()]
+        return _reduce(sims, valid_mask(q_len, Lq), valid_mask(x.doc_lengths.reshape(-1), Ld))
+    dl = x.doc_lengths if ragged else None
+    if not w.train:
+        return naive_contrastive(x.queries, padded_documents(x), ql, dl)
+    q, d = leaves
+    scores = naive_contrastive(q, d, ql, dl)
+    torch.autograd.grad((scores * x.grad_weights).sum(), (q, d))
+    return scores.detach()
+
+
+def resolve(names: str) -> list[Workload]:
+    if names in ("all", ""):
+        return list(WORKLOADS.values())
+    out = []
+    for n in names.split(","):
+        if n not in WORKLOADS:
+            raise SystemExit(f"unknown workload {n!r}; known: {', '.join(WORKLOADS)}")
+        out.append(WORKLOADS[n])
+    return out
+
+
+def fmt_bytes(n: float) -> str:
+    if n is None or (isinstance(n, float) and math.isnan(n)):
+        return "n/a"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024

@@ -1,0 +1,364 @@
+"""CUDA-only: large shapes, 64-bit indexing, CUDA graphs, streams, determinism at scale.
+
+Skipped unless a CUDA backend was built (see conftest.BACKENDS). Expected values for the
+large shapes are computed on the GPU in float64, chunked so no [Lq, Ld] float64 matrix
+grows past a few hundred MB.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from conftest import (
+    BACKENDS, REF, REPO_ROOT, Contrastive, Packed, Padded, SURFACES, assert_argmax,
+    assert_grads, assert_scores, expected_grads, ids, load_kernel, make_case, make_contrastive,
+    make_padded, run_train, unit,
+)
+
+pytestmark = pytest.mark.skipif("cuda" not in BACKENDS, reason="no CUDA backend built")
+CUDA = torch.device("cuda")
+FORMS = ("", "_with_argmax", "_train")
+
+
+@pytest.fixture(scope="module")
+def ms():
+    return load_kernel("cuda")
+
+
+@pytest.fixture(autouse=True)
+def no_value_checks(monkeypatch):
+    monkeypatch.delenv("MAXSIM_CHECK_VALUES", raising=False)
+
+
+def free_gib() -> float:
+    return torch.cuda.mem_get_info()[0] / 2**30
+
+
+# ---- chunked float64 reference on the GPU ----------------------------------------------------
+
+def maxsim_rows(q: torch.Tensor, d: torch.Tensor, chunk=1 << 20):
+    """q [M, D], d [N, D] on the GPU -> (best [M], lowest argmax [M], runner-up [M]) in float64,
+    computed over document chunks."""
+    q = q.double()
+    m = q.shape[0]
+    best = torch.full((m,), float("-inf"), dtype=torch.float64, device=q.device)
+    arg = torch.full((m,), -1, dtype=torch.int64, device=q.device)
+    second = best.clone()
+    step = max(1, chunk // max(m, 1))
+    for s in range(0, d.shape[0], step):
+        sims = q @ d[s:s + step].double().T
+        top = sims.topk(min(2, sims.shape[1]), dim=1)
+        c_best, c_arg = top.values[:, 0], top.indices[:, 0] + s
+        c_second = top.values[:, 1] if sims.shape[1] > 1 else torch.full_like(c_best, float("-inf"))
+        better = c_best > best
+        second = torch.where(better, torch.maximum(best, c_second), torch.maximum(second, c_best))
+        arg = torch.where(better, c_arg, arg)
+        best = torch.maximum(best, c_best)
+    return best, arg, second
+
+
+def check_pair(score, argmax_row, q, d, dtype):
+    """One (query, document) pair of a large case: score within tolerance, argmax exact where
+    the max is unique by a margin, a maximal token elsewhere."""
+    best, arg, second = maxsim_rows(q, d)
+    expected = best.sum().item()
+    tol = (1e-4 if dtype != torch.float32 else 1e-5) * (abs(expected) + q.shape[0])
+    assert abs(score - expected) <= tol, (score, expected)
+    if argmax_row is None:
+        return
+    a = argmax_row[:q.shape[0]].long()
+    assert (argmax_row[q.shape[0]:] == -1).all()
+    margin = 4 * torch.finfo(torch.float32).eps * q.shape[1]
+    unique = (best - second) > margin
+    assert torch.equal(a[unique], arg[unique]), "argmax differs on a unique max"
+    got = (q.double() * d[a].double()).sum(-1)
+    assert (got >= best - margin).all()
+
+
+# ---- large shapes -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("lq,ld", [(2048, 4096), (512, 32768), (2048, 32768)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_long_queries_and_documents(ms, lq, ld, dtype):
+    gen = torch.Generator().manual_seed(lq * 7 + ld)
+    case = make_padded(gen, 1, 2, lq, ld, 128, dtype=dtype, device=CUDA,
+                       q_lens=[lq], d_lens=[[ld, ld - 1000]])
+    scores, argmax = case.call(ms, "_with_argmax")
+    torch.testing.assert_close(case.call(ms), scores, rtol=1e-5, atol=1e-4)
+    for c, dl in enumerate([ld, ld - 1000]):
+        check_pair(scores[0, c].item(), argmax[0, c], case.queries[0], case.documents[0, c, :dl], dtype)
+
+
+def test_long_training_step(ms):
+    """DocDoc-like: contrastive training with Lq = Ld = 1024, grads vs the reference."""
+    gen = torch.Generator().manual_seed(5)
+    case = make_contrastive(gen, 8, 1024, [1024, 700, 1024, 1, 512, 1024, 900, 1000], 128,
+                            dtype=torch.bfloat16, device=CUDA)
+    g = unit(gen, *case.score_shape).to(CUDA)
+    scores, gq, gd = run_train(ms, case, g)
+    _, argmax = case.call(ms, "_with_argmax")
+    q64, d64 = case.queries.double(), case.documents.double()
+    eq, ed = REF.score_contrastive_backward_reference(g.double(), q64, d64, case.document_offsets,
+                                                       argmax, case.query_lengths)
+    bq, bd = REF.score_contrastive_backward_reference(g.double().abs(), q64.abs(), d64.abs(),
+                                                       case.document_offsets, argmax, case.query_lengths)
+    assert_grads(gq, eq, bq, torch.bfloat16)
+    assert_grads(gd, ed, bd, torch.bfloat16)
+    expected = REF.score_contrastive_reference(q64, d64, case.document_offsets, case.query_lengths)
+    assert_scores(scores, case, expected.cpu())
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_thousands_of_candidates(ms, surface):
+    gen = torch.Generator().manual_seed(11)
+    if surface == "padded":
+        case = make_padded(gen, 4, 3000, 32, 128, 128, dtype=torch.float16, device=CUDA)
+    elif surface == "contrastive":
+        case = make_contrastive(gen, 64, 32, torch.randint(0, 257, (4000,), generator=gen), 128,
+                                dtype=torch.float16, device=CUDA)
+    else:
+        from conftest import make_packed
+        case = make_packed(gen, torch.randint(1, 33, (200,), generator=gen).tolist(),
+                           torch.randint(0, 257, (3000,), generator=gen).tolist(), 128,
+                           n_pairs=20000, dtype=torch.float16, device=CUDA)
+    c64 = case.to(CUDA)
+    c64 = type(case)(**{k: (v.double() if k in ("queries", "documents") else v)
+                        for k, v in vars(c64).items()})
+    expected, ref_argmax = getattr(REF, case.fn + "_with_argmax_reference")(*c64.args(), **c64.ref_kwargs())
+    scores, argmax = case.call(ms, "_with_argmax")
+    assert_scores(scores, case, expected.cpu())
+    # argmax: must equal the float64 one except on (rare) near-ties, where it must still be maximal
+    diff = (argmax != ref_argmax)
+    assert diff.float().mean() < 1e-3, diff.float().mean()
+    g = unit(gen, *case.score_shape).to(CUDA)
+    _, gq, gd = run_train(ms, case, g)
+    eq, ed = getattr(REF, case.fn + "_backward_reference")(*_bwd_args(c64, g.double(), argmax))
+    bq, bd = getattr(REF, case.fn + "_backward_reference")(*_bwd_args(_abs(c64), g.double().abs(), argmax))
+    assert_grads(gq, eq, bq, torch.float16)
+    assert_grads(gd, ed, bd, torch.float16)
+
+
+def _abs(case):
+    return type(case)(**{k: (v.abs() if k in ("queries", "documents") else v) for k, v in vars(case).items()})
+
+
+def _bwd_args(c, g, argmax):
+    if isinstance(c, Padded):
+        return g, c.queries, c.documents, c.query_lengths, c.doc_lengths, argmax
+    if isinstance(c, Contrastive):
+        return g, c.queries, c.documents, c.document_offsets, argmax, c.query_lengths
+    return (g, c.queries, c.query_offsets, c.documents, c.document_offsets, c.pair_query_ids,
+            c.pair_document_ids, argmax)
+
+
+# ---- 64-bit indexing ---------------------------------------------------------------------------
+
+C_BIG, LD_BIG, DIM_BIG = 4100, 4096, 128  # 2,149,580,800 elements > 2**31
+
+
+@pytest.fixture(scope="module")
+def huge_documents():
+    if free_gib() < 14:
+        pytest.skip(f"needs ~14 GiB free GPU memory, have {free_gib():.1f}")
+    gen = torch.Generator(device=CUDA).manual_seed(3)
+    docs = torch.empty(C_BIG * LD_BIG, DIM_BIG, dtype=torch.float16, device=CUDA)
+    for s in range(0, docs.shape[0], 1 << 22):
+        x = torch.randn(min(1 << 22, docs.shape[0] - s), DIM_BIG, generator=gen, device=CUDA)
+        docs[s:s + x.shape[0]] = torch.nn.functional.normalize(x, dim=-1).half()
+    assert docs.numel() > 2**31
+    yield docs
+    del docs
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_64bit_indexing(ms, huge_documents, surface):
+    """Document rows beyond element 2**31 must be read where they are (a 32-bit offset would
+    wrap around to the start of the tensor)."""
+    gen = torch.Generator().manual_seed(17)
+    t = huge_documents.shape[0]
+    queries = unit(gen, 2, 16, DIM_BIG, dtype=torch.float16, device=CUDA)
+    tail = [(t - 3000, 2000), (t - 1000, 1000)]  # (start, length) of documents at the very end
+    if surface == "padded":
+        docs = huge_documents.view(1, C_BIG, LD_BIG, DIM_BIG)
+        d_lens = torch.zeros(1, C_BIG, dtype=torch.int64)
+        d_lens[0, -2:] = torch.tensor([LD_BIG, 1000])
+        d_lens[0, 0] = 5
+        scores, argmax = ms.score_candidates_padded_with_argmax(
+            queries[:1], docs, ids([16], device=CUDA), d_lens.to(CUDA))
+        pairs = [(scores[0, -2], argmax[0, -2], docs[0, -2]), (scores[0, -1], argmax[0, -1], docs[0, -1, :1000]),
+                 (scores[0, 0], argmax[0, 0], docs[0, 0, :5])]
+        q_of = [0, 0, 0]
+    elif surface == "contrastive":
+        offsets = ids([0, t - 3000, t - 1000, t], device=CUDA)
+        scores, argmax = ms.score_contrastive_with_argmax(queries, huge_documents, offsets)
+        pairs = [(scores[i, n], argmax[i, n], huge_documents[s:s + n_]) for i in range(2)
+                 for n, (s, n_) in ((1, tail[0]), (2, tail[1]))]
+        q_of = [0, 0, 1, 1]
+    else:
+        offsets = ids([0, t - 3000, t - 1000, t], device=CUDA)
+        scores, argmax = ms.score_pairs_packed_with_argmax(
+            queries.reshape(32, DIM_BIG), ids([0, 16, 32], device=CUDA), huge_documents, offsets,
+            ids([0, 1, 1], device=CUDA), ids([2, 1, 2], device=CUDA))
+        pairs = [(scores[0], argmax[0], huge_documents[tail[1][0]:]),
+                 (scores[1], argmax[1], huge_documents[tail[0][0]:tail[0][0] + 2000]),
+                 (scores[2], argmax[2], huge_documents[tail[1][0]:])]
+        q_of = [0, 1, 1]
+    torch.cuda.synchronize()
+    for (score, arg, d), qi in zip(pairs, q_of):
+        check_pair(score.item(), arg, queries[qi], d, torch.float16)
+
+
+# ---- CUDA graphs ---------------------------------------------------------------------------------
+
+def _refill(case, gen):
+    """New random values in the same input tensors (in place)."""
+    with torch.no_grad():
+        case.queries.copy_(unit(gen, *case.queries.shape, dtype=case.queries.dtype))
+        case.documents.copy_(unit(gen, *case.documents.shape, dtype=case.documents.dtype))
+
+
+@pytest.mark.parametrize("form", ["", "_with_argmax"])
+@pytest.mark.parametrize("surface", SURFACES)
+def test_cuda_graph_inference(ms, surface, form):
+    gen = torch.Generator().manual_seed(23)
+    case = make_case(surface, gen, n=6, Lq=32, Ld=200, D=128, dtype=torch.float16, device=CUDA)
+    if surface == "packed":
+        case.max_q_len = case.argmax_width  # reading it would sync
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            case.call(ms, form)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = case.call(ms, form)
+    for _ in range(2):
+        _refill(case, gen)
+        graph.replay()
+        eager = case.call(ms, form)
+        torch.cuda.synchronize()
+        if form == "_with_argmax":
+            assert torch.equal(static_out[0], eager[0]) and torch.equal(static_out[1], eager[1])
+        else:
+            assert torch.equal(static_out, eager)
+    assert_scores(eager[0] if form else eager, case)
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_cuda_graph_train_step(ms, surface):
+    """Forward + backward captured in one graph; replays on new values match eager."""
+    gen = torch.Generator().manual_seed(29)
+    case = make_case(surface, gen, n=6, Lq=32, Ld=200, D=128, dtype=torch.bfloat16, device=CUDA)
+    if surface == "packed":
+        case.max_q_len = case.argmax_width
+    q = case.queries.clone().requires_grad_()
+    d = case.documents.clone().requires_grad_()
+    live = case.with_qd(q, d)
+    g = unit(gen, *case.score_shape).to(CUDA)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            live.call(ms, "_train").backward(g)
+            q.grad = d.grad = None
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_scores = live.call(ms, "_train")
+        static_scores.backward(g)
+    for _ in range(2):
+        _refill(live, gen)
+        graph.replay()
+        torch.cuda.synchronize()
+        eager_case = case.with_qd(q.detach().clone(), d.detach().clone())
+        eager_scores, gq, gd = run_train(ms, eager_case, g)
+        assert torch.equal(static_scores.detach(), eager_scores.detach())
+        assert torch.equal(q.grad, gq) and torch.equal(d.grad, gd)
+
+
+# ---- streams ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_runs_on_the_current_stream(ms, surface):
+    """Inputs written on a side stream after a long sleep: a kernel launched on any other stream
+    than the current one would read them before they are there."""
+    gen = torch.Generator().manual_seed(31)
+    case = make_case(surface, gen, n=4, Lq=16, Ld=100, D=64, device=CUDA)
+    expected = {form: case.call(ms, form) for form in FORMS}
+    g = unit(gen, *case.score_shape).to(CUDA)
+    _, gq_expected, gd_expected = run_train(ms, case, g)
+    torch.cuda.synchronize()
+
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        q = torch.full_like(case.queries, float("nan"))
+        d = torch.full_like(case.documents, float("nan"))
+        torch.cuda._sleep(50_000_000)
+        q.copy_(case.queries)
+        d.copy_(case.documents)
+        moved = case.with_qd(q, d)
+        got = {form: moved.call(ms, form) for form in FORMS}
+        _, gq, gd = run_train(ms, moved, g)
+    side.synchronize()
+    for form in FORMS:
+        if form == "_with_argmax":
+            assert torch.equal(got[form][0], expected[form][0]) and torch.equal(got[form][1], expected[form][1])
+        else:
+            assert torch.equal(got[form], expected[form])
+    assert torch.equal(gq, gq_expected) and torch.equal(gd, gd_expected)
+
+
+# ---- determinism ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_deterministic_at_scale(ms, surface):
+    gen = torch.Generator().manual_seed(37)
+    case = make_case(surface, gen, n=64, Lq=64, Ld=512, D=128, dtype=torch.float16, device=CUDA)
+    g = unit(gen, *case.score_shape).to(CUDA)
+    first = case.call(ms, "_with_argmax"), run_train(ms, case, g)
+    for _ in range(3):
+        again = case.call(ms, "_with_argmax"), run_train(ms, case, g)
+        assert torch.equal(again[0][0], first[0][0]) and torch.equal(again[0][1], first[0][1])
+        for a, b in zip(again[1], first[1]):
+            assert torch.equal(a.view(torch.int16) if a.dtype == torch.float16 else a,
+                               b.view(torch.int16) if b.dtype == torch.float16 else b)
+
+
+# ---- MAXSIM_FORCE_SM80 -------------------------------------------------------------------------------
+
+FORCED = textwrap.dedent("""
+    import sys, torch
+    sys.path.insert(0, sys.argv[1])
+    from conftest import (assert_argmax, assert_scores, assert_grads, expected_grads, load_kernel,
+                          make_case, run_train, unit, SURFACES)
+    ms = load_kernel("cuda")
+    gen = torch.Generator().manual_seed(41)
+    for surface in SURFACES:
+        for dtype in (torch.float16, torch.bfloat16, torch.float32):
+            case = make_case(surface, gen, n=5, Lq=40, Ld=300, D=128, dtype=dtype, device="cuda")
+            scores, argmax = case.call(ms, "_with_argmax")
+            assert_scores(scores, case)
+            assert_argmax(argmax, case)
+            assert_scores(case.call(ms), case)
+            g = unit(gen, *case.score_shape).to("cuda")
+            _, gq, gd = run_train(ms, case, g)
+            eq, ed, bq, bd = expected_grads(case, g, argmax)
+            assert_grads(gq, eq, bq, dtype)
+            assert_grads(gd, ed, bd, dtype)
+    print("ok")
+""")
+
+
+def test_force_sm80_path():
+    sources = list((REPO_ROOT / "maxsim_cuda").rglob("*"))
+    if not any("MAXSIM_FORCE_SM80" in p.read_text(errors="ignore") for p in sources if p.is_file()):
+        pytest.skip("the CUDA backend has no MAXSIM_FORCE_SM80 path")
+    env = dict(os.environ, MAXSIM_FORCE_SM80="1", MAXSIM_TEST_NO_BUILD="1")
+    result = subprocess.run([sys.executable, "-c", FORCED, str(REPO_ROOT / "tests")], env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stdout[-3000:] + result.stderr[-3000:]
