@@ -250,17 +250,18 @@ def cpu_peak_bytes(workload, dtype, layout, impl, kernel_path):
 
 def measure_floors(device, dtypes):
     """Copy bandwidth (bytes/s) and matmul rate per dtype (FLOP/s) of this device."""
-    n = (1 << 30 if device == "cuda" else 1 << 28) // 4
+    # CPU: short calls, best of many, so a busy machine's preemptions do not lower the floor.
+    n = (1 << 30 if device == "cuda" else 1 << 26) // 4
     src = torch.empty(n, dtype=torch.float32, device=device).fill_(1.0)
     dst = torch.empty_like(src)
-    t = time_ms(lambda: dst.copy_(src), device, 3, 10, stat=min)   # best: the hardware's limit
+    t = time_ms(lambda: dst.copy_(src), device, 3, 20, stat=min)   # best: the hardware's limit
     floors = {"copy_bytes_per_s": 2 * src.numel() * 4 / (t * 1e-3), "matmul_flops_per_s": {}}
     del src, dst
-    m = 8192 if device == "cuda" else 2048
+    m = 8192 if device == "cuda" else 1024
     for name in dtypes:
         a = torch.randn(m, m, device=device).to(DTYPES[name])
         b = torch.randn(m, m, device=device).to(DTYPES[name])
-        t = time_ms(lambda: a @ b, device, 2, 5, stat=min)
+        t = time_ms(lambda: a @ b, device, 2, 20, stat=min)
         floors["matmul_flops_per_s"][name] = 2 * m ** 3 / (t * 1e-3)
     return floors
 

@@ -5,8 +5,9 @@
 //
 // vdpbf16ps adds two exact float32 products per lane per instruction (twice the FMA
 // rate) and reads bfloat16 documents in place: a document's elements (2k, 2k+1) form
-// one dword broadcast against the query packed as [dim/2][ldq] dwords. It flushes
-// float32 denormals, which only matters for similarities below 1e-38.
+// one dword broadcast against the query packed as [dim/2][ldq] dwords. It treats
+// denormals (|x| < 1.2e-38, as inputs or partial sums) as zero; nothing else differs
+// from float32 FMAs but the summation order within a pair of k.
 //
 // Same contract as the vector-extension tile in microkernel_impl.h: an [R x 16*NV]
 // accumulator tile, then a vertical running max (strict >, NaN wins, first index

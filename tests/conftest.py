@@ -102,6 +102,11 @@ def device(request) -> Target:
     return Target(load_kernel(request.param), torch.device(request.param))
 
 
+def skip_float64_off_cpu(device: torch.device, dtype: torch.dtype) -> None:
+    if dtype == torch.float64 and device.type != "cpu":
+        pytest.skip("float64 is CPU-only")
+
+
 @pytest.fixture(scope="session")
 def cpu_kernel():
     return load_kernel("cpu")
@@ -193,10 +198,6 @@ class Case:
     def as_float64_cpu(self):
         return _replace_tensors(
             self, lambda n, t: t.cpu().double() if n in ("queries", "documents") else t.cpu())
-
-    def with_index_dtype(self, dtype):
-        return _replace_tensors(
-            self, lambda n, t: t if n in ("queries", "documents") else t.to(dtype))
 
     # -- expectations (float64, CPU)
     def reference(self):

@@ -4,15 +4,11 @@ import pytest
 import torch
 
 from conftest import (
-    SURFACES, assert_grads, expected_grads, flat_rows, make_case, make_padded, run_train, unit,
+    SURFACES, assert_grads, expected_grads, flat_rows, make_case, make_padded, run_train,
+    skip_float64_off_cpu, unit,
 )
 
 GRAD_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-
-
-def skip_float64_off_cpu(dev, dtype):
-    if dtype == torch.float64 and dev.type != "cpu":
-        pytest.skip("float64 is CPU-only")
 
 
 @pytest.mark.parametrize("dtype", GRAD_DTYPES, ids=str)

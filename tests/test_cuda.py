@@ -13,9 +13,8 @@ import pytest
 import torch
 
 from conftest import (
-    BACKENDS, REF, REPO_ROOT, Contrastive, Packed, Padded, SURFACES, assert_argmax,
-    assert_grads, assert_scores, expected_grads, ids, load_kernel, make_case, make_contrastive,
-    make_padded, run_train, unit,
+    BACKENDS, REF, REPO_ROOT, Contrastive, Padded, SURFACES, assert_grads, assert_scores, ids,
+    load_kernel, make_case, make_contrastive, make_packed, make_padded, run_train, unit,
 )
 
 pytestmark = pytest.mark.skipif("cuda" not in BACKENDS, reason="no CUDA backend built")
@@ -120,7 +119,6 @@ def test_thousands_of_candidates(ms, surface):
         case = make_contrastive(gen, 64, 32, torch.randint(0, 257, (4000,), generator=gen), 128,
                                 dtype=torch.float16, device=CUDA)
     else:
-        from conftest import make_packed
         case = make_packed(gen, torch.randint(1, 33, (200,), generator=gen).tolist(),
                            torch.randint(0, 257, (3000,), generator=gen).tolist(), 128,
                            n_pairs=20000, dtype=torch.float16, device=CUDA)

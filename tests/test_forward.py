@@ -3,18 +3,13 @@ import pytest
 import torch
 
 from conftest import (
-    FLOAT_DTYPES, INDEX_DTYPES, SURFACES, assert_argmax, assert_scores, lattice, make_case,
-    make_contrastive, make_packed, make_padded, padded_as_packed, poison_allocator,
-    rand_lengths,
+    FLOAT_DTYPES, INDEX_DTYPES, REF, SURFACES, Contrastive, assert_argmax, assert_scores, lattice,
+    make_case, make_contrastive, make_packed, make_padded, padded_as_packed, poison_allocator,
+    rand_lengths, skip_float64_off_cpu, unit,
 )
 
 DIMS = (1, 3, 64, 96, 100, 128, 256)
 FORMS = ("", "_with_argmax", "_train")
-
-
-def low_precision_ok(device, dtype):
-    if dtype == torch.float64 and device.type != "cpu":
-        pytest.skip("float64 is CPU-only")
 
 
 def check_all_forms(ms, case, *, exact=False):
@@ -34,7 +29,6 @@ def check_all_forms(ms, case, *, exact=False):
 @pytest.mark.parametrize("surface", SURFACES)
 @pytest.mark.parametrize("values", ["unit", "lattice"])
 def test_reference_matches_naive_loop(surface, values, rng):
-    from conftest import unit
     gen_values = unit if values == "unit" else lattice
     case = make_case(surface, rng, n=4, Lq=7, Ld=11, D=5, dtype=torch.float64, values=gen_values)
     scores, argmax = case.reference()
@@ -44,7 +38,6 @@ def test_reference_matches_naive_loop(surface, values, rng):
 
 
 def test_maxsim_reference_single_pair(rng):
-    from conftest import REF, unit
     q, d = unit(rng, 5, 8, dtype=torch.float64), unit(rng, 7, 8, dtype=torch.float64)
     expected = sum(max(float(q[i] @ d[j]) for j in range(7)) for i in range(5))
     assert abs(REF.maxsim_reference(q, d).item() - expected) < 1e-12
@@ -59,7 +52,7 @@ def test_maxsim_reference_single_pair(rng):
 @pytest.mark.parametrize("surface", SURFACES)
 def test_dims_and_dtypes(device, surface, dtype, dim, rng):
     ms, dev = device
-    low_precision_ok(dev, dtype)
+    skip_float64_off_cpu(dev, dtype)
     case = make_case(surface, rng, n=3, Lq=21, Ld=37, D=dim, dtype=dtype, device=dev)
     check_all_forms(ms, case)
 
@@ -199,7 +192,6 @@ def test_expanded_queries(device, rng):
 @pytest.mark.parametrize("values", ["unit", "lattice"])
 def test_packed_and_contrastive_equal_padded(device, values, rng):
     """The same tokens given padded, packed and (for full-length queries) contrastive."""
-    from conftest import Contrastive, unit
     ms, dev = device
     gen_values = unit if values == "unit" else lattice
     b, c = 3, 4

@@ -1,6 +1,5 @@
 """Property-based fuzzing of shapes, lengths, dims, dtypes and index widths, all three
 surfaces, against the float64 reference (scores, argmax and gradients)."""
-import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 

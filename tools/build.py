@@ -108,11 +108,13 @@ def build(backend: str, archs: list[str] | None, jobs: int) -> Path:
         {c for t in tables for c in t.get("cuda-capabilities", [])}
     )
 
+    nvcc = find_nvcc() if backend == "cuda" else None
+    if nvcc is not None:
+        os.environ.setdefault("CUDA_HOME", str(Path(nvcc).resolve().parent.parent))
     include_dirs = [ROOT / "tools" / "include", ROOT / "torch-ext"]
     include_dirs += [ROOT / inc for t in tables for inc in t.get("include", [])]
-    include_dirs += [Path(p) for p in cpp_extension.include_paths("cuda" if backend == "cuda" else "cpu")]
+    include_dirs += [Path(p) for p in cpp_extension.include_paths()]  # + nvcc's below
     include_dirs.append(Path(sysconfig.get_paths()["include"]))
-    nvcc = find_nvcc() if backend == "cuda" else None
     if backend == "cuda":
         if nvcc is None:
             raise SystemExit("the cuda backend needs nvcc (set CUDA_HOME)")

@@ -34,10 +34,10 @@ def embeddings(name: str, t, ndim: int, what: str) -> None:
         raise ValueError(f"{name} must have {ndim} dimensions {what}, got shape {tuple(t.shape)}")
     if t.dtype not in _EMBEDDING_DTYPES:
         raise TypeError(
-            f"{name} must be float16, bfloat16 or float32 (float64 on CPU), got {t.dtype}"
+            f"{name} must be float16, bfloat16 or float32 (float64 on CPU/CUDA), got {t.dtype}"
         )
-    if t.dtype == torch.float64 and t.device.type != "cpu":
-        raise TypeError(f"{name} is float64, which is supported on CPU only (device {t.device})")
+    if t.dtype == torch.float64 and t.device.type not in ("cpu", "cuda"):
+        raise TypeError(f"{name} is float64, which is supported on CPU and CUDA only, not {t.device}")
 
 
 def same_dtype_and_dim(queries: torch.Tensor, documents: torch.Tensor) -> None:

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One device call: build the CUDA variant, run the full suite (CUDA + CPU), the sanitizer
+# subset and the side-by-side benchmark. Logs land in $OUT. Carry .whl (kernels, tomlkit,
+# and the peers late-interaction-kernels + flash-maxsim).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit 1
+export PYTHONUNBUFFERED=1 MAXSIM_CUDA_ARCHS=${MAXSIM_CUDA_ARCHS:-9.0a}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+steps=${STEPS:-test,sanitize,bench}
+status=0
+if [[ $steps == *test* ]]; then
+  python3 tools/dev.py test -q -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -n 25
+  [[ ${PIPESTATUS[0]} == 0 ]] || status=1
+fi
+if [[ $steps == *sanitize* ]]; then
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/device/sanitize_subset.py \
+      > "$OUT/sanitize_$tool.log" 2>&1
+    rc=$?; echo "compute-sanitizer $tool: rc=$rc"; tail -n 3 "$OUT/sanitize_$tool.log"
+    [[ $rc == 0 ]] || status=1
+  done
+fi
+if [[ $steps == *bench* ]]; then
+  python3 benchmarks/compare.py --device cuda --json "$OUT/bench.json" ${BENCH_ARGS:-} \
+    2>&1 | tee "$OUT/bench.log" | tail -n 60
+fi
+exit $status
