@@ -2,6 +2,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdlib>
+
 #include "kernel/forward_launch.cuh"
 #include "launch.h"
 
@@ -16,14 +18,40 @@ cudaError_t forward_mma(const ForwardParams& p) {
     default: return kernel::launch_forward_mma<T, 2>(p);
   }
 }
+
+// dim > 256: the K-streaming tensor-core mainloop (any dim).
+template <class T>
+cudaError_t forward_mma_k(const ForwardParams& p) {
+  switch (p.surface) {
+    case Surface::kPadded: return kernel::launch_forward_mma_k<T, 0>(p);
+    case Surface::kContrastive: return kernel::launch_forward_mma_k<T, 1>(p);
+    default: return kernel::launch_forward_mma_k<T, 2>(p);
+  }
+}
+
+// Experiment knob (comparisons only): MAXSIM_CUDA_HALF_SIMT=1 sends fp16/bf16 with
+// dim > 256 to the old SIMT FFMA mainloop instead of the K-streaming tensor-core one.
+bool half_simt() {
+  static const bool v = [] {
+    const char* e = std::getenv("MAXSIM_CUDA_HALF_SIMT");
+    return e != nullptr && e[0] == '1';
+  }();
+  return v;
+}
+
+template <class T>
+cudaError_t forward_half(const ForwardParams& p) {
+  if (p.dim <= 256) return forward_mma<T>(p);
+  if (half_simt()) return kernel::launch_forward_simt<T, float>(p);
+  return forward_mma_k<T>(p);
+}
 }  // namespace
 
 cudaError_t launch_forward(const ForwardParams& p) {
   if (p.pairs <= 0) return cudaSuccess;
   switch (p.dtype) {
-    case DType::kF16: return p.dim <= 256 ? forward_mma<__half>(p) : kernel::launch_forward_simt<__half, float>(p);
-    case DType::kBF16:
-      return p.dim <= 256 ? forward_mma<__nv_bfloat16>(p) : kernel::launch_forward_simt<__nv_bfloat16, float>(p);
+    case DType::kF16: return forward_half<__half>(p);
+    case DType::kBF16: return forward_half<__nv_bfloat16>(p);
     case DType::kF32: return kernel::launch_forward_simt<float, float>(p);
     case DType::kF64: return kernel::launch_forward_simt<double, double>(p);
   }

@@ -76,8 +76,9 @@ struct BackwardParams {
   cudaStream_t stream = nullptr;
 };
 
-// Forward: one kernel family; the surface is a policy. Half types with dim <= 256 run the
-// tensor-core (mma.sync) mainloop, everything else the SIMT FFMA mainloop.
+// Forward: one kernel family; the surface is a policy. Half types run tensor-core
+// (mma.sync) mainloops (query in registers for dim <= 256, K-streamed through shared
+// memory above), fp32/fp64 the SIMT FFMA mainloop.
 cudaError_t launch_forward(const ForwardParams& p);
 // Backward: gradients from the stored argmax; every output row has one owner.
 // The caller zero-fills grad tensors whose rows are not all owned by a segment

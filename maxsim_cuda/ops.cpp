@@ -90,8 +90,10 @@ void fill_common(P& p, const at::Tensor& q, const at::Tensor& d) {
   p.queries = q.numel() > 0 ? q.data_ptr() : nullptr;
   p.documents = d.numel() > 0 ? d.data_ptr() : nullptr;
   p.dim = q.size(-1);
-  p.q_rows = p.dim > 0 ? q.numel() / p.dim : 0;
-  p.d_rows = p.dim > 0 ? d.numel() / p.dim : 0;
+  // Rows from the leading sizes, not numel / dim: with dim == 0 there are still rows
+  // (every dot product is 0), and offsets are checked against these counts.
+  p.q_rows = c10::multiply_integers(q.sizes().slice(0, q.dim() - 1));
+  p.d_rows = c10::multiply_integers(d.sizes().slice(0, d.dim() - 1));
   p.num_sms = num_sms();
   p.stream = c10::cuda::getCurrentCUDAStream().stream();
 }

@@ -5,7 +5,7 @@ import torch
 
 from conftest import (
     SURFACES, assert_grads, expected_grads, flat_rows, make_case, make_padded, run_train,
-    skip_float64_off_cpu, unit,
+    skip_float64_unsupported, unit,
 )
 
 GRAD_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -15,7 +15,7 @@ GRAD_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 @pytest.mark.parametrize("surface", SURFACES)
 def test_grads_match_backward_reference(device, surface, dtype, rng):
     ms, dev = device
-    skip_float64_off_cpu(dev, dtype)
+    skip_float64_unsupported(dev, dtype)
     case = make_case(surface, rng, n=5, Lq=17, Ld=90, D=64, dtype=dtype, device=dev)
     g = unit(rng, *case.score_shape).to(dev)  # mixed signs
     scores, gq, gd = run_train(ms, case, g)
@@ -77,15 +77,19 @@ def test_grads_match_naive_autograd(device, surface, rng):
 
 
 @pytest.mark.parametrize("surface", SURFACES)
-def test_gradcheck(cpu_kernel, surface, rng):
-    """Numerical vs analytical gradients (float64, CPU, small shapes)."""
-    case = well_separated(lambda: make_case(surface, rng, n=2, Lq=4, Ld=6, D=5, dtype=torch.float64),
-                          margin=1e-3)
+def test_gradcheck(device, surface, rng):
+    """Numerical vs analytical gradients (float64, small shapes)."""
+    ms, dev = device
+    skip_float64_unsupported(dev, torch.float64)
+    case = well_separated(
+        lambda: make_case(surface, rng, n=2, Lq=4, Ld=6, D=5, dtype=torch.float64, device=dev),
+        margin=1e-3,
+    )
     q = case.queries.clone().requires_grad_()
     d = case.documents.clone().requires_grad_()
 
     def fn(queries, documents):
-        return case.with_qd(queries, documents).call(cpu_kernel, "_train")
+        return case.with_qd(queries, documents).call(ms, "_train")
 
     assert torch.autograd.gradcheck(fn, (q, d), eps=1e-6, atol=1e-7, rtol=1e-6)
 

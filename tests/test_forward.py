@@ -5,7 +5,7 @@ import torch
 from conftest import (
     FLOAT_DTYPES, INDEX_DTYPES, REF, SURFACES, Contrastive, assert_argmax, assert_scores, lattice,
     make_case, make_contrastive, make_packed, make_padded, padded_as_packed, poison_allocator,
-    rand_lengths, skip_float64_off_cpu, unit,
+    rand_lengths, skip_float64_unsupported, unit,
 )
 
 DIMS = (1, 3, 64, 96, 100, 128, 256)
@@ -52,7 +52,7 @@ def test_maxsim_reference_single_pair(rng):
 @pytest.mark.parametrize("surface", SURFACES)
 def test_dims_and_dtypes(device, surface, dtype, dim, rng):
     ms, dev = device
-    skip_float64_off_cpu(dev, dtype)
+    skip_float64_unsupported(dev, dtype)
     case = make_case(surface, rng, n=3, Lq=21, Ld=37, D=dim, dtype=dtype, device=dev)
     check_all_forms(ms, case)
 

@@ -227,9 +227,10 @@ def test_empty_inputs(device, surface, rng):
 
 
 def test_score_dtype_follows_input(device, rng):
-    """float32 scores for fp16/bf16/fp32 inputs, float64 for float64 (CPU only)."""
+    """float32 scores for fp16/bf16/fp32 inputs, float64 for float64 (CPU and CUDA)."""
     ms, dev = device
-    dtypes = [torch.float16, torch.bfloat16, torch.float32] + ([torch.float64] if dev.type == "cpu" else [])
+    dtypes = [torch.float16, torch.bfloat16, torch.float32]
+    dtypes += [torch.float64] if dev.type in ("cpu", "cuda") else []
     for dtype in dtypes:
         case = make_case("packed", rng, D=4, device=dev, dtype=dtype, values=lattice)
         assert case.call(ms).dtype == score_dtype(dtype)

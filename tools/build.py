@@ -77,10 +77,13 @@ def choose_backend(requested: str) -> str:
 
 
 def gencode_flags(capabilities: list[str]) -> list[str]:
+    """'8.0' -> SASS for sm_80; '8.0+PTX' also embeds PTX, which the driver compiles for
+    newer GPUs (how the Ampere code path is exercised on a Hopper card)."""
     flags = []
     for cap in capabilities:
-        num = cap.replace(".", "")
-        flags.append(f"-gencode=arch=compute_{num},code=sm_{num}")
+        num = cap.replace("+PTX", "").replace(".", "")
+        codes = f"[sm_{num},compute_{num}]" if cap.endswith("+PTX") else f"sm_{num}"
+        flags.append(f"-gencode=arch=compute_{num},code={codes}")
     return flags
 
 
@@ -200,7 +203,7 @@ def write_package(variant_dir: Path, namespace: str, general: dict, backend: str
     )
     backend_meta: dict = {"type": backend}
     if backend == "cuda":
-        backend_meta["archs"] = [c for c in capabilities]
+        backend_meta["archs"] = [c.replace("+PTX", "") for c in capabilities]
     metadata = {
         "name": general["name"],
         "id": namespace,

@@ -20,11 +20,26 @@
 namespace maxsim_cuda {
 namespace kernel {
 
-template <class Policy, int BM, int BN>
+// A mainloop with a member kKChunk streams each document tile in K-chunks of that many
+// columns (MmaKMainloop); the others see whole tiles.
+template <class ML, class = void>
+struct KSplit {
+  static constexpr bool value = false;
+  static constexpr int chunk = 0;
+};
+template <class ML>
+struct KSplit<ML, std::void_t<decltype(ML::kKChunk)>> {
+  static constexpr bool value = true;
+  static constexpr int chunk = ML::kKChunk;
+};
+
+// KC > 0: each tile is walked as ceil(dim / KC) K-chunks (kc innermost); KC == 0: whole tiles.
+template <class Policy, int BM, int BN, int KC = 0>
 struct TileStream {
   int64_t s, end;
   int64_t chunk, tile;
   int64_t ntiles, nchunks, load_rows;
+  int64_t kc, nk, kchunks;  // K-split only
   StepDesc d;
   bool valid;
 
@@ -34,15 +49,24 @@ struct TileStream {
     if (d.nseg == 1 && d.qlen0 == 0) load_rows = 0;  // nothing to score: skip the document
     ntiles = load_rows > 0 ? (load_rows + BN - 1) / BN : 1;
     nchunks = d.nseg > 1 ? 1 : (d.qlen0 > 0 ? (d.qlen0 + BM - 1) / BM : 1);
+    if constexpr (KC > 0) nk = load_rows > 0 ? kchunks : 1;  // an empty tile needs no K walk
   }
-  __device__ __forceinline__ void start(const Policy& pol, StepRange r) {
+  __device__ __forceinline__ void start(const Policy& pol, StepRange r, int64_t dim = 0) {
     s = r.begin;
     end = r.end;
     chunk = tile = 0;
+    if constexpr (KC > 0) {
+      kc = 0;
+      kchunks = dim > 0 ? (dim + KC - 1) / KC : 1;
+    }
     valid = s < end;
     if (valid) open(pol);
   }
   __device__ __forceinline__ void advance(const Policy& pol) {
+    if constexpr (KC > 0) {
+      if (++kc < nk) return;
+      kc = 0;
+    }
     if (++tile < ntiles) return;
     tile = 0;
     if (++chunk < nchunks) return;
@@ -59,6 +83,19 @@ struct TileStream {
     return static_cast<int>(left < 0 ? 0 : (left > BN ? BN : left));
   }
 };
+
+// Producer side of one pipeline stage: a whole document tile, or one K-chunk of a tile and
+// of the query block (K-split mainloops).
+template <class ML, class TS>
+__device__ __forceinline__ void produce(const ML& ml, int stage, const TS& prod, const typename ML::Elem* queries,
+                                        const typename ML::Elem* docs) {
+  if constexpr (KSplit<ML>::value) {
+    ml.load_chunk(stage, queries, docs, prod.d.q_row0 + prod.chunk * ML::BM, prod.tile_row0(), prod.tile_rows(),
+                  prod.kc);
+  } else {
+    ml.load_tile(stage, docs, prod.tile_row0(), prod.tile_rows());
+  }
+}
 
 template <class T>
 struct FwdArgs {
@@ -87,17 +124,22 @@ __global__ void __launch_bounds__(ML::kThreads, ML::kMinBlocks)
   const StepRange range = cta_steps(pol.steps(), gridDim.x, blockIdx.x);
   if (range.begin >= range.end) return;
 
+  constexpr bool KSPLIT = KSplit<ML>::value;
   ML ml;
-  ml.init(smem, a.dim, a.documents);
+  if constexpr (KSPLIT) {
+    ml.init(smem, a.dim, a.documents, a.queries, pol.query_rows());
+  } else {
+    ml.init(smem, a.dim, a.documents);
+  }
 
-  TileStream<Policy, BM, BN> cons, prod;
-  cons.start(pol, range);
+  TileStream<Policy, BM, BN, KSplit<ML>::chunk> cons, prod;
+  cons.start(pol, range, a.dim);
   prod = cons;
   if constexpr (ML::kPipelined) {
 #pragma unroll
     for (int st = 0; st < S - 1; ++st) {
       if (prod.valid) {
-        ml.load_tile(st, a.documents, prod.tile_row0(), prod.tile_rows());
+        produce(ml, st, prod, a.queries, a.documents);
         prod.advance(pol);
       }
       cp_async_commit();
@@ -110,7 +152,12 @@ __global__ void __launch_bounds__(ML::kThreads, ML::kMinBlocks)
   while (cons.valid) {
     if constexpr (ML::kPipelined) cp_async_wait<(S >= 2 ? S - 2 : 0)>();
     __syncthreads();  // tile `stage` landed for everyone; the slot read last iteration is free
-    if (cons.tile == 0) {
+    bool first_k = true, last_k = true;
+    if constexpr (KSPLIT) {
+      first_k = cons.kc == 0;
+      last_k = cons.kc + 1 == cons.nk;
+    }
+    if (cons.tile == 0 && first_k) {
       if (cons.d.qkey != cur_key || cons.chunk != cur_chunk) {
         if (cons.d.nseg > 1 && cons.d.qkey != cur_key) {
           for (int s = threadIdx.x; s < cons.d.nseg; s += ML::kThreads) epi.seg_qlen[s] = pol.seg_qlen(cons.d, s);
@@ -125,13 +172,17 @@ __global__ void __launch_bounds__(ML::kThreads, ML::kMinBlocks)
     }
     if constexpr (ML::kPipelined) {
       if (prod.valid) {
-        ml.load_tile((stage + S - 1) % S, a.documents, prod.tile_row0(), prod.tile_rows());
+        produce(ml, (stage + S - 1) % S, prod, a.queries, a.documents);
         prod.advance(pol);
       }
       cp_async_commit();
     }
-    ml.compute(stage, a.documents, cons.tile_row0(), cons.tile_rows(), static_cast<int>(cons.tile * BN));
-    if (cons.tile + 1 == cons.ntiles) {
+    if constexpr (KSPLIT) {
+      ml.compute_k(stage, first_k, last_k, cons.tile_rows(), static_cast<int>(cons.tile * BN));
+    } else {
+      ml.compute(stage, a.documents, cons.tile_row0(), cons.tile_rows(), static_cast<int>(cons.tile * BN));
+    }
+    if (cons.tile + 1 == cons.ntiles && last_k) {
       ml.reduce(epi.red_m, epi.red_i);
       finish_chunk<Acc, BM, ML::kSlots, ML::kThreads>(epi, cons.d, cons.chunk, cons.nchunks, carry, a.ep);
     }
@@ -313,6 +364,29 @@ cudaError_t launch_forward_mma(const ForwardParams& p) {
   MAXSIM_MMA_CASE(256, 32) MAXSIM_MMA_CASE(256, 64) MAXSIM_MMA_CASE(256, 128)
 #undef MAXSIM_MMA_CASE
   return cudaErrorInvalidValue;
+}
+
+// K-streaming tensor-core configs (fp16/bf16, dim > 256; any dim works): 64-column
+// K-chunks of a 64-row document tile plus the query block's chunk per stage.
+//   BM=32:  4 warps (2 x 2, 16 rows x 32 cols each), 6 stages (72 KB), 3 CTAs/SM on sm_90
+//   BM=64:  8 warps (4 x 2), 4 stages (64 KB), 2 CTAs/SM
+//   BM=128: 8 warps (4 x 2, 32 rows x 32 cols each), 4 stages (96 KB), 2 CTAs/SM on sm_90
+template <class T, int BM>
+struct MmaKConfig;
+template <class T>
+struct MmaKConfig<T, 32> { using type = MmaKMainloop<T, 32, 64, 2, 2, 64, 6, 3>; };
+template <class T>
+struct MmaKConfig<T, 64> { using type = MmaKMainloop<T, 64, 64, 4, 2, 64, 4, 2>; };
+template <class T>
+struct MmaKConfig<T, 128> { using type = MmaKMainloop<T, 128, 64, 4, 2, 64, 4, 2>; };
+
+// Explicitly instantiated per (dtype, surface) in forward_<dtype>_kchunk_<surface>.cu.
+template <class T, int SURF>
+cudaError_t launch_forward_mma_k(const ForwardParams& p) {
+  const int bm = pick_bm(p);
+  if (bm == 32) return run_surface<typename MmaKConfig<T, 32>::type, SURF>(p);
+  if (bm == 64) return run_surface<typename MmaKConfig<T, 64>::type, SURF>(p);
+  return run_surface<typename MmaKConfig<T, 128>::type, SURF>(p);
 }
 
 template <class ML>

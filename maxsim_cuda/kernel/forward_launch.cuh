@@ -10,6 +10,8 @@ namespace maxsim_cuda {
 namespace kernel {
 template <class T, int SURF>
 cudaError_t launch_forward_mma(const ForwardParams& p);
+template <class T, int SURF>
+cudaError_t launch_forward_mma_k(const ForwardParams& p);
 template <class T, class Acc>
 cudaError_t launch_forward_simt(const ForwardParams& p);
 template <class T, class Acc>

@@ -7,7 +7,8 @@
 // per-row running max/argmax; the [Lq, Ld] matrix never leaves registers.
 // Warp (wm, wn) owns query rows [wm*MT*16, +MT*16) and tile columns [wn*BN/WN, +BN/WN).
 //
-// SimtMainloop (float32/float64, and half types with dim > 256): the same tile stream and
+// SimtMainloop (float32/float64; half types with dim > 256 only through the experiment
+// knob MAXSIM_CUDA_HALF_SIMT=1): the same tile stream and
 // epilogue, FFMA on [BM x KC] x [KC x BN] shared-memory chunks, accumulation in Acc
 // (float, or double for double inputs): float32-accurate scores.
 // Torch-free.
@@ -198,6 +199,201 @@ struct MmaMainloop {
   }
 
   // Quad shuffle, then one partial per (row, wn) into shared memory.
+  __device__ __forceinline__ void reduce(float* red_m, int* red_i) {
+    const int g = lane / 4, t4 = lane % 4;
+#pragma unroll
+    for (int k = 0; k < MT * 2; ++k) {
+      merge_shfl(m[k], idx[k], 1);
+      merge_shfl(m[k], idx[k], 2);
+    }
+    if (t4 == 0) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = (wm * MT + mt) * 16 + g + 8 * h;
+          red_m[row * WN + wn] = m[mt * 2 + h];
+          red_i[row * WN + wn] = idx[mt * 2 + h];
+        }
+    }
+  }
+};
+
+// MmaKMainloop (fp16/bf16, any dim; used for dim > 256): the K-streaming variant of
+// MmaMainloop. A pipeline stage holds one K-chunk (KC columns) of a document tile
+// [BN x KC] AND the matching K-chunk of the query block [BM x KC], both brought in by
+// cp.async (16-byte chunks XOR-swizzled by row); A fragments come from ldmatrix per
+// k-step (nothing of the query lives in registers), B fragments as in MmaMainloop.
+// The forward kernel walks ceil(dim / KC) K-chunks per document tile (TileStream with
+// KSPLIT); the fp32 mma accumulators persist across them and only after the last K-chunk
+// is the tile folded into the running max/argmax. Columns past dim are zero-filled in
+// both operands (so they add exactly 0); query rows past the queries tensor are
+// zero-filled (rows the policy marks invalid are still loaded when in bounds: their
+// results never reach an output). The query chunk is re-read per document tile (from L2).
+template <class T, int BM_, int BN_, int WM, int WN, int KC_, int STAGES_, int MIN_BLOCKS_ = 1>
+struct MmaKMainloop {
+  using Elem = T;
+  using Acc = float;
+  static constexpr bool kPipelined = true;
+  static constexpr int kKChunk = KC_;  // marks a K-streaming mainloop (see KSplit)
+  static constexpr int KC = KC_, BM = BM_, BN = BN_, kStages = STAGES_;
+  static constexpr int kWarps = WM * WN, kThreads = kWarps * 32, kMinBlocks = MIN_BLOCKS_;
+  static constexpr int MT = BM / (16 * WM);
+  static constexpr int NTW = BN / WN;
+  static constexpr int NT = NTW / 8;
+  static constexpr int KS = KC / 16;
+  static constexpr int CH = KC / 8;  // 16-byte chunks per stage row
+  static constexpr int kSlots = WN;
+  static_assert(MT >= 1 && BM == MT * 16 * WM, "BM");
+  static_assert(NT % 2 == 0, "NT must be even (ldmatrix.x4 loads two n8 tiles)");
+  static_assert((BN * CH) % kThreads == 0 && (BM * CH) % kThreads == 0, "chunks per thread");
+  static_assert(KC >= 64 && KC % 64 == 0, "swizzle needs 8 chunks per row");
+
+  static constexpr size_t doc_elems() { return size_t(BN) * KC; }
+  static constexpr size_t stage_bytes() { return size_t(BN + BM) * KC * sizeof(T); }
+  static constexpr size_t smem_bytes() { return kStages * stage_bytes(); }
+
+  T* stages;
+  int64_t dim;
+  int64_t q_rows;  // rows of the queries tensor (bounds of the query chunk loads)
+  bool aligned;    // dim % 8 == 0 and 16-byte aligned bases: cp.async path
+  int lane, wm, wn;
+  float acc[MT][NT][4];
+  float m[MT * 2];
+  int idx[MT * 2];
+
+  __device__ __forceinline__ void init(unsigned char* smem, int64_t dim_, const void* docs, const void* queries,
+                                       int64_t q_rows_) {
+    stages = reinterpret_cast<T*>(smem);
+    dim = dim_;
+    q_rows = q_rows_;
+    aligned = (dim % 8 == 0) && ((reinterpret_cast<uintptr_t>(docs) & 15) == 0) &&
+              ((reinterpret_cast<uintptr_t>(queries) & 15) == 0);
+    const int warp = threadIdx.x / 32;
+    lane = threadIdx.x % 32;
+    wm = warp % WM;
+    wn = warp / WM;
+  }
+
+  // rows [row0, row0 + rows) x columns [k0, k0 + KC) of a [*, dim] matrix into a swizzled
+  // [NROWS x KC] region; zeros beyond `rows` and beyond dim.
+  template <int NROWS>
+  __device__ __forceinline__ void load_rows(uint32_t base, const T* src0, int64_t row0, int64_t rows,
+                                            int64_t kbase) const {
+#pragma unroll
+    for (int it = 0; it < (NROWS * CH) / kThreads; ++it) {
+      const int c = threadIdx.x + it * kThreads;
+      const int r = c / CH, ch = c % CH;
+      const uint32_t dst = base + uint32_t(r * KC + ((ch ^ (r & 7)) << 3)) * sizeof(T);
+      const int64_t k0 = kbase + int64_t(ch) * 8;
+      if (r < rows && k0 < dim) {
+        const T* src = src0 + (row0 + r) * dim + k0;
+        if (aligned) {
+          cp_async_16(dst, src);
+        } else {
+          uint16_t v[8];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) v[e] = (k0 + e < dim) ? ld_bits16(src + e) : uint16_t(0);
+          uint4 pk;
+          pk.x = v[0] | (uint32_t(v[1]) << 16);
+          pk.y = v[2] | (uint32_t(v[3]) << 16);
+          pk.z = v[4] | (uint32_t(v[5]) << 16);
+          pk.w = v[6] | (uint32_t(v[7]) << 16);
+          st_shared_v4(dst, pk);
+        }
+      } else {
+        st_shared_zero16(dst);
+      }
+    }
+  }
+
+  // Producer: K-chunk kc of document rows [row0, row0 + rows) and of the query block whose
+  // row 0 is global query row qrow0, into stage `stage`.
+  __device__ __forceinline__ void load_chunk(int stage, const T* queries, const T* docs, int64_t qrow0,
+                                             int64_t row0, int rows, int64_t kc) const {
+    const uint32_t base = smem_addr(stages + size_t(stage) * (BN + BM) * KC);
+    const int64_t kbase = kc * KC;
+    load_rows<BN>(base, docs, row0, rows, kbase);
+    int64_t qr = q_rows - qrow0;
+    qr = qr < 0 ? 0 : qr;
+    load_rows<BM>(base + uint32_t(doc_elems() * sizeof(T)), queries, qrow0, qr, kbase);
+  }
+
+  __device__ __forceinline__ void load_query(const T*, const QueryRows&) {}
+
+  __device__ __forceinline__ void reset() {
+#pragma unroll
+    for (int k = 0; k < MT * 2; ++k) {
+      m[k] = neg_inf<float>();
+      idx[k] = kNoIndex;
+    }
+  }
+
+  // acc (+)= Qchunk * Dchunk^T; after the last K-chunk, fold (cols >= cols_valid masked).
+  __device__ __forceinline__ void compute_k(int stage, bool first, bool last, int cols_valid, int col_base) {
+    if (first) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+    }
+    const uint32_t dbase = smem_addr(stages + size_t(stage) * (BN + BM) * KC);
+    const uint32_t qbase = dbase + uint32_t(doc_elems() * sizeof(T));
+    const int kh = (lane >> 3) & 1;
+    const int nrow = (lane & 7) + ((lane >> 4) << 3);
+    const int arow = lane & 15, akh = lane >> 4;
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+      uint32_t qa[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const int r = (wm * MT + mt) * 16 + arow;
+        const int chunk = ks * 2 + akh;
+        const uint32_t addr = qbase + uint32_t(r * KC + ((chunk ^ (r & 7)) << 3)) * sizeof(T);
+        ldmatrix_x4(addr, qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3]);
+      }
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        const int n = wn * NTW + np * 16 + nrow;
+        const int chunk = ks * 2 + kh;
+        const uint32_t addr = dbase + uint32_t(n * KC + ((chunk ^ (n & 7)) << 3)) * sizeof(T);
+        uint32_t b0, b1, b2, b3;
+        ldmatrix_x4(addr, b0, b1, b2, b3);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          Mma16816<T>::run(acc[mt][2 * np], qa[mt], b0, b1);
+          Mma16816<T>::run(acc[mt][2 * np + 1], qa[mt], b2, b3);
+        }
+      }
+    }
+    if (!last) return;
+
+    const int t4 = lane % 4;
+    int col[NT * 2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) col[nt * 2 + e] = nt * 8 + e;
+    const int cbase = col_base + wn * NTW + 2 * t4;
+    const int lim = cols_valid - (wn * NTW + 2 * t4);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float v[NT * 2];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float x = acc[mt][nt][2 * h + e];
+            v[nt * 2 + e] = (cols_valid >= BN || col[nt * 2 + e] < lim) ? x : neg_inf<float>();
+          }
+        fold_tile(m[mt * 2 + h], idx[mt * 2 + h], v, col, cbase);
+      }
+  }
+
   __device__ __forceinline__ void reduce(float* red_m, int* red_i) {
     const int g = lane / 4, t4 = lane % 4;
 #pragma unroll

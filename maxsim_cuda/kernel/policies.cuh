@@ -76,6 +76,7 @@ struct PaddedPolicy {
   int64_t B, C, Lq, Ld;
 
   __host__ __device__ int64_t steps() const { return B * C; }
+  __host__ __device__ int64_t query_rows() const { return B * Lq; }
   __host__ __device__ int max_segments() const { return 1; }
 
   __device__ __forceinline__ StepDesc step(int64_t s) const {
@@ -107,6 +108,7 @@ struct ContrastivePolicy {
   GroupedOrder order;
 
   __host__ __device__ int64_t steps() const { return order.nq_blocks * Nb; }
+  __host__ __device__ int64_t query_rows() const { return Nq * Lq; }
   __host__ __device__ int max_segments() const { return G; }
 
   __device__ __forceinline__ int64_t qlen_of(int64_t q) const {
@@ -146,6 +148,7 @@ struct PackedPolicy {
   int64_t Nq, Nd, Tq, Td, P;
 
   __host__ __device__ int64_t steps() const { return P; }
+  __host__ __device__ int64_t query_rows() const { return Tq; }
   __host__ __device__ int max_segments() const { return 1; }
 
   __device__ __forceinline__ StepDesc step(int64_t p) const {
