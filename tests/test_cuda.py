@@ -327,9 +327,11 @@ def test_deterministic_at_scale(ms, surface):
                                b.view(torch.int16) if b.dtype == torch.float16 else b)
 
 
-# ---- MAXSIM_FORCE_SM80 -------------------------------------------------------------------------------
+# ---- the Ampere code path on this GPU -----------------------------------------------------------
+# A build for sm_80 with PTX only (no Hopper machine code): the driver compiles the sm_80 path
+# for the GPU at load, so the code Ampere cards run is checked here end to end.
 
-FORCED = textwrap.dedent("""
+AMPERE_CHECK = textwrap.dedent("""
     import sys, torch
     sys.path.insert(0, sys.argv[1])
     from conftest import (assert_argmax, assert_scores, assert_grads, expected_grads, load_kernel,
@@ -352,11 +354,12 @@ FORCED = textwrap.dedent("""
 """)
 
 
-def test_force_sm80_path():
-    sources = list((REPO_ROOT / "maxsim_cuda").rglob("*"))
-    if not any("MAXSIM_FORCE_SM80" in p.read_text(errors="ignore") for p in sources if p.is_file()):
-        pytest.skip("the CUDA backend has no MAXSIM_FORCE_SM80 path")
-    env = dict(os.environ, MAXSIM_FORCE_SM80="1", MAXSIM_TEST_NO_BUILD="1")
-    result = subprocess.run([sys.executable, "-c", FORCED, str(REPO_ROOT / "tests")], env=env,
-                            capture_output=True, text=True, timeout=600)
+def test_ampere_build_runs_on_this_gpu(tmp_path):
+    if os.environ.get("MAXSIM_TEST_AMPERE") != "1":
+        pytest.skip("set MAXSIM_TEST_AMPERE=1 (builds a second, sm_80+PTX variant: minutes)")
+    subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "build.py"), "--backend", "cuda",
+                    "--archs", "8.0+PTX", "--out", str(tmp_path / "build")], check=True, timeout=900)
+    env = dict(os.environ, MAXSIM_TEST_REPO=str(tmp_path))
+    result = subprocess.run([sys.executable, "-c", AMPERE_CHECK, str(REPO_ROOT / "tests")], env=env,
+                            capture_output=True, text=True, timeout=900)
     assert result.returncode == 0 and "ok" in result.stdout, result.stdout[-3000:] + result.stderr[-3000:]

@@ -96,7 +96,7 @@ def sources_of(tables: list[dict], torch_src: list[str]) -> list[str]:
     return out
 
 
-def build(backend: str, archs: list[str] | None, jobs: int) -> Path:
+def build(backend: str, archs: list[str] | None, jobs: int, out: Path) -> Path:
     import torch
     from torch.utils import cpp_extension
 
@@ -145,7 +145,7 @@ def build(backend: str, archs: list[str] | None, jobs: int) -> Path:
     digest.update(" ".join(defines + cxx_flags + nvcc_flags + [torch.__version__]).encode())
     namespace = f"_maxsim_{backend}_{digest.hexdigest()[:7]}"
 
-    variant_dir = ROOT / "build" / variant_name(backend)
+    variant_dir = out / variant_name(backend)
     library = variant_dir / f"{namespace}.abi3.so"
     obj_dir = ROOT / "build" / ".obj" / namespace
     obj_dir.mkdir(parents=True, exist_ok=True)
@@ -153,7 +153,12 @@ def build(backend: str, archs: list[str] | None, jobs: int) -> Path:
     ns_define = [f"-DTORCH_EXTENSION_NAME={namespace}"]
 
     if library.exists():
-        log(f"{library.relative_to(ROOT)} is up to date")
+        log(f"{library} is up to date")
+    elif (obj_dir / library.name).exists():  # built before, e.g. into another --out
+        variant_dir.mkdir(parents=True, exist_ok=True)
+        for stale in variant_dir.glob("*.so"):
+            stale.unlink()
+        shutil.copy2(obj_dir / library.name, library)
     else:
         def compile_one(src: str) -> Path:
             obj = obj_dir / (src.replace("/", "__") + ".o")
@@ -213,7 +218,7 @@ def write_package(variant_dir: Path, namespace: str, general: dict, backend: str
         "backend": backend_meta,
     }
     (variant_dir / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
-    log(f"wrote {variant_dir.relative_to(ROOT)}")
+    log(f"wrote {variant_dir}")
 
 
 def main() -> None:
@@ -222,10 +227,12 @@ def main() -> None:
     parser.add_argument("--archs", default=os.environ.get("MAXSIM_CUDA_ARCHS"),
                         help="comma-separated CUDA capabilities (default: build.toml's list)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--out", type=Path, default=ROOT / "build",
+                        help="where the variant folder goes (default: build/)")
     args = parser.parse_args()
     archs = [a.strip() for a in args.archs.split(",")] if args.archs else None
     backend = choose_backend(args.backend)
-    print(build(backend, archs, args.jobs))
+    print(build(backend, archs, args.jobs, args.out.resolve()))
 
 
 if __name__ == "__main__":
