@@ -367,8 +367,8 @@ cudaError_t launch_forward_mma(const ForwardParams& p) {
 }
 
 // K-streaming tensor-core configs (fp16/bf16, dim > 256; any dim works): 64-column
-// K-chunks of a 64-row document tile plus the query block's chunk per stage.
-//   BM=32:  4 warps (2 x 2, 16 rows x 32 cols each), 6 stages (72 KB), 3 CTAs/SM on sm_90
+// K-chunks of a document tile plus the query block's chunk per stage.
+//   BM=32:  4 warps (2 x 2, 16 rows x 32 cols each), 64-row tiles, 6 stages (72 KB), 3 CTAs/SM
 //   BM=64:  8 warps (4 x 2), 4 stages (64 KB), 2 CTAs/SM
 //   BM=128: 8 warps (4 x 2, 32 rows x 32 cols each), 4 stages (96 KB), 2 CTAs/SM on sm_90
 template <class T, int BM>
@@ -379,13 +379,33 @@ template <class T>
 struct MmaKConfig<T, 64> { using type = MmaKMainloop<T, 64, 64, 4, 2, 64, 4, 2>; };
 template <class T>
 struct MmaKConfig<T, 128> { using type = MmaKMainloop<T, 128, 64, 4, 2, 64, 4, 2>; };
+// Alternatives behind the experiment knobs (MAXSIM_CUDA_RERANK_CFG=1|2 for padded/packed
+// with BM=32, MAXSIM_CUDA_CONTRASTIVE_CFG=2|3 for contrastive with BM=128).
+template <class T>
+struct MmaKRerankWide { using type = MmaKMainloop<T, 32, 64, 2, 4, 64, 6, 2>; };   // 8 warps
+template <class T>
+struct MmaKRerankK128 { using type = MmaKMainloop<T, 32, 64, 2, 2, 128, 4, 2>; };  // 128-col chunks
+template <class T>  // 128-row document tiles, 32x64 warp tiles, 1 CTA/SM (no register cap)
+struct MmaKContrastiveN128 { using type = MmaKMainloop<T, 128, 128, 4, 2, 64, 4, 1>; };
+template <class T>  // the default shape without the 2-CTA register cap
+struct MmaKContrastive1cta { using type = MmaKMainloop<T, 128, 64, 4, 2, 64, 4, 1>; };
 
 // Explicitly instantiated per (dtype, surface) in forward_<dtype>_kchunk_<surface>.cu.
 template <class T, int SURF>
 cudaError_t launch_forward_mma_k(const ForwardParams& p) {
   const int bm = pick_bm(p);
-  if (bm == 32) return run_surface<typename MmaKConfig<T, 32>::type, SURF>(p);
+  if (bm == 32) {
+    if constexpr (SURF != 1) {
+      if (p.rerank_variant == 1) return run_surface<typename MmaKRerankWide<T>::type, SURF>(p);
+      if (p.rerank_variant == 2) return run_surface<typename MmaKRerankK128<T>::type, SURF>(p);
+    }
+    return run_surface<typename MmaKConfig<T, 32>::type, SURF>(p);
+  }
   if (bm == 64) return run_surface<typename MmaKConfig<T, 64>::type, SURF>(p);
+  if constexpr (SURF == 1) {
+    if (p.variant == 2) return run_surface<typename MmaKContrastiveN128<T>::type, SURF>(p);
+    if (p.variant == 3) return run_surface<typename MmaKContrastive1cta<T>::type, SURF>(p);
+  }
   return run_surface<typename MmaKConfig<T, 128>::type, SURF>(p);
 }
 

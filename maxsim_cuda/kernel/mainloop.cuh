@@ -256,7 +256,9 @@ struct MmaKMainloop {
   T* stages;
   int64_t dim;
   int64_t q_rows;  // rows of the queries tensor (bounds of the query chunk loads)
-  bool aligned;    // dim % 8 == 0 and 16-byte aligned bases: cp.async path
+  // elements per cp.async piece: 8 (16 B), 4 (8 B) or 2 (4 B), the largest that divides dim
+  // and both base addresses; 1 = scalar loads (odd dim or 2-byte aligned bases)
+  int gran;
   int lane, wm, wn;
   float acc[MT][NT][4];
   float m[MT * 2];
@@ -267,8 +269,14 @@ struct MmaKMainloop {
     stages = reinterpret_cast<T*>(smem);
     dim = dim_;
     q_rows = q_rows_;
-    aligned = (dim % 8 == 0) && ((reinterpret_cast<uintptr_t>(docs) & 15) == 0) &&
-              ((reinterpret_cast<uintptr_t>(queries) & 15) == 0);
+    const uintptr_t addr_bits = reinterpret_cast<uintptr_t>(docs) | reinterpret_cast<uintptr_t>(queries);
+    gran = 1;
+    for (int g = 8; g >= 2; g /= 2) {
+      if (dim % g == 0 && (addr_bits & uintptr_t(2 * g - 1)) == 0) {
+        gran = g;
+        break;
+      }
+    }
     const int warp = threadIdx.x / 32;
     lane = threadIdx.x % 32;
     wm = warp % WM;
@@ -288,8 +296,20 @@ struct MmaKMainloop {
       const int64_t k0 = kbase + int64_t(ch) * 8;
       if (r < rows && k0 < dim) {
         const T* src = src0 + (row0 + r) * dim + k0;
-        if (aligned) {
+        if (gran == 8) {
           cp_async_16(dst, src);
+        } else if (gran == 4) {  // dim % 4 == 0: each 4-element piece is all in or all out
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const bool in = k0 + 4 * h < dim;
+            cp_async_ca_zfill<8>(dst + 8 * h, in ? src + 4 * h : src, in ? 8u : 0u);
+          }
+        } else if (gran == 2) {
+#pragma unroll
+          for (int h = 0; h < 4; ++h) {
+            const bool in = k0 + 2 * h < dim;
+            cp_async_ca_zfill<4>(dst + 4 * h, in ? src + 2 * h : src, in ? 4u : 0u);
+          }
         } else {
           uint16_t v[8];
 #pragma unroll

@@ -19,6 +19,13 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
+// 4- or 8-byte global -> shared copy (through L1; .cg only takes 16 bytes); src_bytes = 0
+// writes zeros and reads nothing.
+template <int N>
+__device__ __forceinline__ void cp_async_ca_zfill(uint32_t dst, const void* src, uint32_t src_bytes) {
+  static_assert(N == 4 || N == 8, "cp.async.ca size");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(N), "r"(src_bytes));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

@@ -87,10 +87,20 @@ def rand(shape, dtype, gen):
     return torch.randn(*shape, generator=gen, device=DEV, dtype=torch.float32).to(dtype)
 
 
-def run_padded(ms, dtype, dim, B, C, Lq, Ld, gen, nan=False):
-    tag = f"padded {str(dtype)[6:]} D={dim} B={B} C={C} Lq={Lq} Ld={Ld}{' nan' if nan else ''}"
-    q = rand((B, Lq, dim), dtype, gen)
-    d = rand((B, C, Ld, dim), dtype, gen)
+def shifted(t, elems):
+    """The same values in storage that starts `elems` elements past an aligned allocation."""
+    if elems == 0:
+        return t
+    buf = torch.zeros(t.numel() + elems, dtype=t.dtype, device=t.device)
+    out = buf[elems:].view(t.shape)
+    out.copy_(t)
+    return out
+
+
+def run_padded(ms, dtype, dim, B, C, Lq, Ld, gen, nan=False, shift=0):
+    tag = f"padded {str(dtype)[6:]} D={dim} B={B} C={C} Lq={Lq} Ld={Ld}{' nan' if nan else ''} shift={shift}"
+    q = shifted(rand((B, Lq, dim), dtype, gen), shift)
+    d = shifted(rand((B, C, Ld, dim), dtype, gen), shift)
     ql = torch.randint(0, Lq + 1, (B,), generator=gen, device=DEV)
     ql[0] = Lq
     dl = torch.randint(0, Ld + 1, (B, C), generator=gen, device=DEV)
@@ -171,17 +181,19 @@ def run_packed(ms, dtype, dim, qlens, dlens, P, gen):
     return e
 
 
-def correctness(ms):
+def correctness(ms, quick=False):
     gen = torch.Generator(device=DEV)
     gen.manual_seed(1234)
     worst = 0.0
-    for dtype in (torch.float16, torch.bfloat16):
-        for dim in (257, 300, 384, 512, 1024, 1030):
+    for dtype in ((torch.float16,) if quick else (torch.float16, torch.bfloat16)):
+        for dim in ((300, 512, 1030, 1031) if quick else (257, 300, 384, 512, 1024, 1030, 1031)):
             # padded: Lq picks the 32 / 64 / 128-row block shapes and M-chunks (Lq > 128)
             for (B, C, Lq, Ld) in ((2, 3, 1, 1), (3, 5, 32, 180), (2, 4, 64, 777), (2, 3, 100, 2000),
                                    (1, 2, 300, 1500), (4, 3, 17, 65)):
                 worst = max(worst, run_padded(ms, dtype, dim, B, C, Lq, Ld, gen))
             run_padded(ms, dtype, dim, 2, 2, 8, 40, gen, nan=True)
+            for shift in (1, 2, 4):  # base addresses 2 / 4 / 8 bytes past 16-byte alignment
+                run_padded(ms, dtype, dim, 2, 3, 20, 150, gen, shift=shift)
             # contrastive: stacked queries (several per block), 128-row blocks, empty docs
             worst = max(worst, run_contrastive(ms, dtype, dim, 5, 7, [1, 0, 33, 200, 64, 1999], gen, True))
             worst = max(worst, run_contrastive(ms, dtype, dim, 8, 32, [180, 17, 300, 1], gen, False))
@@ -209,11 +221,13 @@ def time_ms(fn, iters=50):
     return statistics.median(ts)
 
 
-def timing(ms):
-    label = "SIMT (MAXSIM_CUDA_HALF_SIMT=1)" if os.environ.get("MAXSIM_CUDA_HALF_SIMT") == "1" else "tensor-core K-stream"
+def timing(ms, what):
+    knobs = [f"{k}={os.environ[k]}" for k in ("MAXSIM_CUDA_HALF_SIMT", "MAXSIM_CUDA_RERANK_CFG",
+                                               "MAXSIM_CUDA_CONTRASTIVE_CFG") if k in os.environ]
+    label = " ".join(knobs) if knobs else "default"
     gen = torch.Generator(device=DEV)
     gen.manual_seed(7)
-    for dim in (512, 300, 1024):
+    for dim in ((512, 300, 768, 1024) if what in ("all", "rerank") else ()):
         B, C, Lq, Ld = 32, 50, 32, 180
         q = rand((B, Lq, dim), torch.float16, gen)
         d = rand((B, C, Ld, dim), torch.float16, gen)
@@ -225,7 +239,7 @@ def timing(ms):
         print(f"timing fp16 D={dim} padded B=32 C=50 Lq=32 Ld=180 [{label}]: {t:.3f} ms "
               f"({gb / t:.2f} TB/s of documents); naive einsum+amax {tn:.3f} ms", flush=True)
     # contrastive (tensor-core bound)
-    for dim in (512,):
+    for dim in ((512, 1024) if what in ("all", "contrastive") else ()):
         Nq, Lq, Nb, L = 64, 32, 512, 128
         q = rand((Nq, Lq, dim), torch.bfloat16, gen)
         d = rand((Nb * L, dim), torch.bfloat16, gen)
@@ -240,12 +254,14 @@ def timing(ms):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--time-only", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="fp16, 4 dims")
+    ap.add_argument("--time", default="all", choices=["all", "rerank", "contrastive", "none"])
     args = ap.parse_args()
     ms = load()
     print("loaded", ms.__name__ if hasattr(ms, "__name__") else ms, torch.cuda.get_device_name(), flush=True)
     if not args.time_only:
-        correctness(ms)
-    timing(ms)
+        correctness(ms, args.quick)
+    timing(ms, args.time)
     if FAIL:
         print(f"{len(FAIL)} FAILURES", flush=True)
         sys.exit(1)

@@ -11,7 +11,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 steps=${STEPS:-test,sanitize,bench}
 status=0
 if [[ $steps == *test* ]]; then
-  python3 tools/dev.py test -q -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -n 25
+  python3 tools/dev.py test -q -rs -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -n 25
   [[ ${PIPESTATUS[0]} == 0 ]] || status=1
 fi
 if [[ $steps == *sanitize* ]]; then
