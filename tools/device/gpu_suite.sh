@@ -23,6 +23,7 @@ if [[ $steps == *sanitize* ]]; then
   done
 fi
 if [[ $steps == *bench* ]]; then
+  python3 tools/build.py --backend cuda > "$OUT/build.log" 2>&1 || { tail "$OUT/build.log"; exit 1; }
   python3 benchmarks/compare.py --device cuda --json "$OUT/bench.json" ${BENCH_ARGS:-} \
     2>&1 | tee "$OUT/bench.log" | tail -n 60
 fi
