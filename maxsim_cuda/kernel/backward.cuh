@@ -178,7 +178,10 @@ __global__ void __launch_bounds__(kQWarps * 32) grad_queries_kernel(const BwdArg
 }
 
 constexpr int kDThreads = 128;  // one column per thread per D chunk
-constexpr int kDRows = 64;      // document rows owned by one CTA pass
+// Document rows owned by one CTA pass. Few rows means many CTAs, each with few hits to
+// add serially (the hits of a small contrastive batch all land in ~80 rows per document).
+constexpr int kDRows = 16;
+constexpr int kDInFlight = 16;  // gathers issued before their adds
 
 template <class Acc>
 struct GradDSmem {
@@ -282,12 +285,12 @@ __global__ void __launch_bounds__(kDThreads) grad_documents_kernel(const BwdArgs
         __syncthreads();
         if (e < a.dim) {
           int h = 0;
-          for (; h + 8 <= total; h += 8) {  // 8 gathers in flight, then the adds in order
-            Acc x[8];
+          for (; h + kDInFlight <= total; h += kDInFlight) {  // gathers in flight, then adds in order
+            Acc x[kDInFlight];
 #pragma unroll
-            for (int u = 0; u < 8; ++u) x[u] = to_acc<Acc>(a.q[sm.hit_row[h + u] * a.dim + e]);
+            for (int u = 0; u < kDInFlight; ++u) x[u] = to_acc<Acc>(a.q[sm.hit_row[h + u] * a.dim + e]);
 #pragma unroll
-            for (int u = 0; u < 8; ++u) sm.acc[sm.hit_j[h + u]][t] += sm.hit_w[h + u] * x[u];
+            for (int u = 0; u < kDInFlight; ++u) sm.acc[sm.hit_j[h + u]][t] += sm.hit_w[h + u] * x[u];
           }
           for (; h < total; ++h) sm.acc[sm.hit_j[h]][t] += sm.hit_w[h] * to_acc<Acc>(a.q[sm.hit_row[h] * a.dim + e]);
         }
@@ -347,7 +350,7 @@ cudaError_t run_backward(const BackwardParams& p) {
     } else {
       const int64_t avg = a.d_rows / a.nd + 1;
       ychunks = (avg + kDRows - 1) / kDRows;
-      if (ychunks > 64) ychunks = 64;
+      if (ychunks > 256) ychunks = 256;
     }
     if (ychunks < 1) ychunks = 1;
     if (ychunks > 65535) ychunks = 65535;

@@ -370,7 +370,12 @@ cudaError_t launch_forward_mma(const ForwardParams& p) {
 // K-chunks of a document tile plus the query block's chunk per stage.
 //   BM=32:  4 warps (2 x 2, 16 rows x 32 cols each), 64-row tiles, 6 stages (72 KB), 3 CTAs/SM
 //   BM=64:  8 warps (4 x 2), 4 stages (64 KB), 2 CTAs/SM
-//   BM=128: 8 warps (4 x 2, 32 rows x 32 cols each), 4 stages (96 KB), 2 CTAs/SM on sm_90
+//   BM=128 padded/packed: 8 warps (4 x 2, 32 x 32 each), 4 stages (96 KB), 2 CTAs/SM on sm_90
+//   BM=128 contrastive: 128-row document tiles, 8 warps (4 x 2, 32 x 64 each), 4 stages
+//     (128 KB), 1 CTA/SM, no register cap (the 2-CTA shape spills at 128 registers).
+// H200, bf16 Nq=64 Lq=32 Nb=512 Ld=128: 0.97 / 1.70 ms at D=512 / 1024 against 1.11 / 2.04
+// for the 2-CTA 128x64 shape. The BM=32 rerank shape beat an 8-warp and a 128-column-chunk
+// variant at D=512..1024 (fp16 B=32 C=50 Lq=32 Ld=180).
 template <class T, int BM>
 struct MmaKConfig;
 template <class T>
@@ -379,16 +384,38 @@ template <class T>
 struct MmaKConfig<T, 64> { using type = MmaKMainloop<T, 64, 64, 4, 2, 64, 4, 2>; };
 template <class T>
 struct MmaKConfig<T, 128> { using type = MmaKMainloop<T, 128, 64, 4, 2, 64, 4, 2>; };
-// Alternatives behind the experiment knobs (MAXSIM_CUDA_RERANK_CFG=1|2 for padded/packed
-// with BM=32, MAXSIM_CUDA_CONTRASTIVE_CFG=2|3 for contrastive with BM=128).
+template <class T>
+struct MmaKContrastive { using type = MmaKMainloop<T, 128, 128, 4, 2, 64, 4, 1>; };
+// BM=128 when the device allows less than ~100 KB of shared memory per block (sm_86/sm_89
+// give 99 KB; the two BM=128 shapes above need 100 / 131 KB): 3 stages, 76 KB.
+template <class T>
+struct MmaKSmall { using type = MmaKMainloop<T, 128, 64, 4, 2, 64, 3, 2>; };
+
+// Largest dynamic shared memory a block may opt into on the current device (cached).
+inline size_t max_smem_optin() {
+  static int cache[64] = {0};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 48 * 1024;
+  int& c = cache[dev & 63];
+  if (c == 0) {
+    int v = 0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess || v <= 0) {
+      v = 48 * 1024;
+    }
+    c = v;
+  }
+  return static_cast<size_t>(c);
+}
+template <class ML>
+bool smem_fits() {
+  return FwdSmem<ML, PaddedPolicy>::bytes() <= max_smem_optin();
+}
+// Alternatives behind the experiment knobs: MAXSIM_CUDA_RERANK_CFG=1|2 (padded/packed, BM=32),
+// MAXSIM_CUDA_CONTRASTIVE_CFG=0 (contrastive BM=128 on the 2-CTA 128x64 shape).
 template <class T>
 struct MmaKRerankWide { using type = MmaKMainloop<T, 32, 64, 2, 4, 64, 6, 2>; };   // 8 warps
 template <class T>
 struct MmaKRerankK128 { using type = MmaKMainloop<T, 32, 64, 2, 2, 128, 4, 2>; };  // 128-col chunks
-template <class T>  // 128-row document tiles, 32x64 warp tiles, 1 CTA/SM (no register cap)
-struct MmaKContrastiveN128 { using type = MmaKMainloop<T, 128, 128, 4, 2, 64, 4, 1>; };
-template <class T>  // the default shape without the 2-CTA register cap
-struct MmaKContrastive1cta { using type = MmaKMainloop<T, 128, 64, 4, 2, 64, 4, 1>; };
 
 // Explicitly instantiated per (dtype, surface) in forward_<dtype>_kchunk_<surface>.cu.
 template <class T, int SURF>
@@ -403,10 +430,12 @@ cudaError_t launch_forward_mma_k(const ForwardParams& p) {
   }
   if (bm == 64) return run_surface<typename MmaKConfig<T, 64>::type, SURF>(p);
   if constexpr (SURF == 1) {
-    if (p.variant == 2) return run_surface<typename MmaKContrastiveN128<T>::type, SURF>(p);
-    if (p.variant == 3) return run_surface<typename MmaKContrastive1cta<T>::type, SURF>(p);
+    using C = typename MmaKContrastive<T>::type;
+    if (p.variant != 0 && smem_fits<C>()) return run_surface<C, SURF>(p);
   }
-  return run_surface<typename MmaKConfig<T, 128>::type, SURF>(p);
+  using Big = typename MmaKConfig<T, 128>::type;
+  if (smem_fits<Big>()) return run_surface<Big, SURF>(p);
+  return run_surface<typename MmaKSmall<T>::type, SURF>(p);
 }
 
 template <class ML>
