@@ -8,7 +8,7 @@ from conftest import (
     rand_lengths, skip_float64_unsupported, unit,
 )
 
-DIMS = (1, 3, 64, 96, 100, 128, 256)
+DIMS = (1, 3, 64, 96, 100, 128, 256, 300, 520)  # > 256: the K-chunked tensor-core path on CUDA
 FORMS = ("", "_with_argmax", "_train")
 
 

@@ -83,6 +83,13 @@ def cuda_compile() -> None:
                      "-gencode=arch=compute_90a,code=sm_90a",
                      "-c", str(unit), "-o", str(out / (unit.stem + ".o"))])
     includes = [f"-I{p}" for p in cpp_extension.include_paths()]
+    # A CPU build of torch ships c10/cuda headers but not the one CMake generates for them.
+    macros = Path(cpp_extension.include_paths()[0]) / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h"
+    if not macros.exists():
+        stub = out / "include" / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h"
+        stub.parent.mkdir(parents=True, exist_ok=True)
+        stub.write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
+        includes.append(f"-I{out / 'include'}")
     includes += [f"-I{ROOT}", f"-I{ROOT / 'tools' / 'include'}", f"-I{ROOT / 'torch-ext'}",
                  f"-I{cuda_include}", f"-I{sysconfig.get_paths()['include']}"]
     for unit in [ROOT / "maxsim_cuda" / "ops.cpp", ROOT / "torch-ext" / "torch_binding.cpp"]:

@@ -31,6 +31,7 @@ struct BwdArgs {
   T* grad_d;
   int64_t dim, W, pairs, q_rows, d_rows;
   int64_t nq, nd, C, Lq, Ld;  // nq: B / Nq / Nq; nd: B*C / Nb / Nd
+  int rows_per_cta;           // R of grad_documents_kernel, <= kDRows
   IndexView qlens, dlens, qoffs, doffs, pqids, pdids, pbq, qpo, pbd, dpo;
 };
 
@@ -178,9 +179,10 @@ __global__ void __launch_bounds__(kQWarps * 32) grad_queries_kernel(const BwdArg
 }
 
 constexpr int kDThreads = 128;  // one column per thread per D chunk
-// Document rows owned by one CTA pass. Few rows means many CTAs, each with few hits to
-// add serially (the hits of a small contrastive batch all land in ~80 rows per document).
-constexpr int kDRows = 16;
+// Document rows owned by one CTA pass (the host picks R <= kDRows per launch). Each CTA
+// rescans all of its document's entries, so R trades scan work (small R, many CTAs) against
+// the serial adds of one CTA's hits (large R): small batches want R = 16, big ones 64.
+constexpr int kDRows = 64;
 constexpr int kDInFlight = 16;  // gathers issued before their adds
 
 template <class Acc>
@@ -222,11 +224,12 @@ __global__ void __launch_bounds__(kDThreads) grad_documents_kernel(const BwdArgs
     }
   }
 
-  for (int64_t j0 = int64_t(blockIdx.y) * kDRows; j0 < rows_total; j0 += int64_t(gridDim.y) * kDRows) {
+  const int R = a.rows_per_cta;
+  for (int64_t j0 = int64_t(blockIdx.y) * R; j0 < rows_total; j0 += int64_t(gridDim.y) * R) {
     for (int64_t d0 = 0; d0 < a.dim; d0 += kDThreads) {
       const int64_t e = d0 + t;
 #pragma unroll 8
-      for (int j = 0; j < kDRows; ++j) sm.acc[j][t] = Acc(0);
+      for (int j = 0; j < R; ++j) sm.acc[j][t] = Acc(0);
       for (int64_t base = 0; base < nentries; base += kDThreads) {
         // evaluate entry k = base + t
         const int64_t k = base + t;
@@ -259,7 +262,7 @@ __global__ void __launch_bounds__(kDThreads) grad_documents_kernel(const BwdArgs
           }
           if (p >= 0 && i < qlen) {
             const int64_t am = __ldg(a.argmax + p * a.W + i);
-            if (am >= 0 && am < dlen && am >= j0 && am < j0 + kDRows) {
+            if (am >= 0 && am < dlen && am >= j0 && am < j0 + R) {
               hit = true;
               jl = static_cast<int>(am - j0);
               qrow = qr0 + i;
@@ -297,7 +300,7 @@ __global__ void __launch_bounds__(kDThreads) grad_documents_kernel(const BwdArgs
         __syncthreads();
       }
       if (e < a.dim) {
-        const int64_t nrows = rows_total - j0 < kDRows ? rows_total - j0 : kDRows;
+        const int64_t nrows = rows_total - j0 < R ? rows_total - j0 : R;
         for (int j = 0; j < nrows; ++j) a.grad_d[(row0 + j0 + j) * a.dim + e] = from_acc<T, Acc>(sm.acc[j][t]);
       }
     }
@@ -344,14 +347,11 @@ cudaError_t run_backward(const BackwardParams& p) {
     }
   }
   if (p.grad_documents != nullptr && a.nd > 0) {
-    int64_t ychunks;
-    if (SURF == 0) {
-      ychunks = (a.Ld + kDRows - 1) / kDRows;
-    } else {
-      const int64_t avg = a.d_rows / a.nd + 1;
-      ychunks = (avg + kDRows - 1) / kDRows;
-      if (ychunks > 256) ychunks = 256;
-    }
+    const int64_t rows = SURF == 0 ? a.Ld : a.d_rows / a.nd + 1;  // per document (average)
+    // Small batches: too few documents to fill the GPU, so split each into 16-row owners.
+    a.rows_per_cta = a.nd * ((rows + 15) / 16) <= 4 * int64_t(p.num_sms) ? 16 : kDRows;
+    int64_t ychunks = (rows + a.rows_per_cta - 1) / a.rows_per_cta;
+    if (SURF != 0 && ychunks > 256) ychunks = 256;
     if (ychunks < 1) ychunks = 1;
     if (ychunks > 65535) ychunks = 65535;
     constexpr size_t smem = sizeof(GradDSmem<Acc>);
