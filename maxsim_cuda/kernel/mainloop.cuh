@@ -38,6 +38,70 @@ struct QueryRows {
   __device__ __forceinline__ int64_t global_row(int r) const { return d->q_row0 + chunk * bm + r; }
 };
 
+// Running (max, argmax) of the query rows a warp holds in mma.sync m16n8 accumulator
+// layout (rows (mt, h), columns nt*8 + 2*(lane%4) + e of the warp's slice): the part of the
+// epilogue both tensor-core mainloops share.
+template <int MT, int NT, int NTW, int WN, int BN>
+struct MmaRowMax {
+  float m[MT * 2];
+  int idx[MT * 2];
+
+  __device__ __forceinline__ void reset() {
+#pragma unroll
+    for (int k = 0; k < MT * 2; ++k) {
+      m[k] = neg_inf<float>();
+      idx[k] = kNoIndex;
+    }
+  }
+
+  // Fold one [rows x BN] accumulator tile in; columns >= cols_valid are masked.
+  __device__ __forceinline__ void fold(const float (&acc)[MT][NT][4], int lane, int wn, int cols_valid,
+                                       int col_base) {
+    const int t4 = lane % 4;
+    int col[NT * 2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) col[nt * 2 + e] = nt * 8 + e;
+    const int cbase = col_base + wn * NTW + 2 * t4;  // this thread's first column
+    const int lim = cols_valid - (wn * NTW + 2 * t4);  // local columns below lim are valid
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float v[NT * 2];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float x = acc[mt][nt][2 * h + e];
+            v[nt * 2 + e] = (cols_valid >= BN || col[nt * 2 + e] < lim) ? x : neg_inf<float>();
+          }
+        fold_tile(m[mt * 2 + h], idx[mt * 2 + h], v, col, cbase);
+      }
+  }
+
+  // Quad shuffle, then one partial per (row, wn) into shared memory.
+  __device__ __forceinline__ void reduce(float* red_m, int* red_i, int lane, int wm, int wn) {
+    const int g = lane / 4, t4 = lane % 4;
+#pragma unroll
+    for (int k = 0; k < MT * 2; ++k) {
+      merge_shfl(m[k], idx[k], 1);
+      merge_shfl(m[k], idx[k], 2);
+    }
+    if (t4 == 0) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = (wm * MT + mt) * 16 + g + 8 * h;
+          red_m[row * WN + wn] = m[mt * 2 + h];
+          red_i[row * WN + wn] = idx[mt * 2 + h];
+        }
+    }
+  }
+};
+
 template <class T, int KD_, int BM_, int BN_, int WM, int WN, int STAGES_, int MIN_BLOCKS_ = 1>
 struct MmaMainloop {
   using Elem = T;
@@ -64,8 +128,7 @@ struct MmaMainloop {
   bool aligned;  // dim % 8 == 0 and 16-byte aligned base: cp.async path
   int lane, wm, wn;
   uint32_t qa[MT][KS][4];
-  float m[MT * 2];
-  int idx[MT * 2];
+  MmaRowMax<MT, NT, NTW, WN, BN> row_max;
 
   __device__ __forceinline__ void init(unsigned char* smem, int64_t dim_, const void* docs) {
     tiles = reinterpret_cast<T*>(smem);
@@ -134,13 +197,7 @@ struct MmaMainloop {
     }
   }
 
-  __device__ __forceinline__ void reset() {
-#pragma unroll
-    for (int k = 0; k < MT * 2; ++k) {
-      m[k] = neg_inf<float>();
-      idx[k] = kNoIndex;
-    }
-  }
+  __device__ __forceinline__ void reset() { row_max.reset(); }
 
   // S = Q * tile^T on tensor cores, then fold into the running max (cols >= cols_valid masked).
   __device__ __forceinline__ void compute(int stage, const T*, int64_t, int cols_valid, int col_base) {
@@ -174,49 +231,10 @@ struct MmaMainloop {
       }
     }
 
-    const int t4 = lane % 4;
-    int col[NT * 2];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) col[nt * 2 + e] = nt * 8 + e;
-    const int cbase = col_base + wn * NTW + 2 * t4;  // this thread's first column
-    const int lim = cols_valid - (wn * NTW + 2 * t4);  // local columns below lim are valid
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float v[NT * 2];
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float x = acc[mt][nt][2 * h + e];
-            v[nt * 2 + e] = (cols_valid >= BN || col[nt * 2 + e] < lim) ? x : neg_inf<float>();
-          }
-        fold_tile(m[mt * 2 + h], idx[mt * 2 + h], v, col, cbase);
-      }
+    row_max.fold(acc, lane, wn, cols_valid, col_base);
   }
 
-  // Quad shuffle, then one partial per (row, wn) into shared memory.
-  __device__ __forceinline__ void reduce(float* red_m, int* red_i) {
-    const int g = lane / 4, t4 = lane % 4;
-#pragma unroll
-    for (int k = 0; k < MT * 2; ++k) {
-      merge_shfl(m[k], idx[k], 1);
-      merge_shfl(m[k], idx[k], 2);
-    }
-    if (t4 == 0) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = (wm * MT + mt) * 16 + g + 8 * h;
-          red_m[row * WN + wn] = m[mt * 2 + h];
-          red_i[row * WN + wn] = idx[mt * 2 + h];
-        }
-    }
-  }
+  __device__ __forceinline__ void reduce(float* red_m, int* red_i) { row_max.reduce(red_m, red_i, lane, wm, wn); }
 };
 
 // MmaKMainloop (fp16/bf16, any dim; used for dim > 256): the K-streaming variant of
@@ -261,8 +279,7 @@ struct MmaKMainloop {
   int gran;
   int lane, wm, wn;
   float acc[MT][NT][4];
-  float m[MT * 2];
-  int idx[MT * 2];
+  MmaRowMax<MT, NT, NTW, WN, BN> row_max;
 
   __device__ __forceinline__ void init(unsigned char* smem, int64_t dim_, const void* docs, const void* queries,
                                        int64_t q_rows_) {
@@ -341,13 +358,7 @@ struct MmaKMainloop {
 
   __device__ __forceinline__ void load_query(const T*, const QueryRows&) {}
 
-  __device__ __forceinline__ void reset() {
-#pragma unroll
-    for (int k = 0; k < MT * 2; ++k) {
-      m[k] = neg_inf<float>();
-      idx[k] = kNoIndex;
-    }
-  }
+  __device__ __forceinline__ void reset() { row_max.reset(); }
 
   // acc (+)= Qchunk * Dchunk^T; after the last K-chunk, fold (cols >= cols_valid masked).
   __device__ __forceinline__ void compute_k(int stage, bool first, bool last, int cols_valid, int col_base) {
@@ -390,48 +401,10 @@ struct MmaKMainloop {
     }
     if (!last) return;
 
-    const int t4 = lane % 4;
-    int col[NT * 2];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) col[nt * 2 + e] = nt * 8 + e;
-    const int cbase = col_base + wn * NTW + 2 * t4;
-    const int lim = cols_valid - (wn * NTW + 2 * t4);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float v[NT * 2];
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float x = acc[mt][nt][2 * h + e];
-            v[nt * 2 + e] = (cols_valid >= BN || col[nt * 2 + e] < lim) ? x : neg_inf<float>();
-          }
-        fold_tile(m[mt * 2 + h], idx[mt * 2 + h], v, col, cbase);
-      }
+    row_max.fold(acc, lane, wn, cols_valid, col_base);
   }
 
-  __device__ __forceinline__ void reduce(float* red_m, int* red_i) {
-    const int g = lane / 4, t4 = lane % 4;
-#pragma unroll
-    for (int k = 0; k < MT * 2; ++k) {
-      merge_shfl(m[k], idx[k], 1);
-      merge_shfl(m[k], idx[k], 2);
-    }
-    if (t4 == 0) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = (wm * MT + mt) * 16 + g + 8 * h;
-          red_m[row * WN + wn] = m[mt * 2 + h];
-          red_i[row * WN + wn] = idx[mt * 2 + h];
-        }
-    }
-  }
+  __device__ __forceinline__ void reduce(float* red_m, int* red_i) { row_max.reduce(red_m, red_i, lane, wm, wn); }
 };
 
 // SIMT FFMA mainloop: 256 threads as 16 x 16, each a TM x TN register tile.
