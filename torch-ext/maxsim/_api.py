@@ -13,6 +13,21 @@ from ._ops import ops
 from . import _registration  # noqa: F401  (registers fake kernels and autograd)
 
 
+def _call(op, args, queries, documents):
+    """Run `op`, skipping the Python autograd kernel when no gradient can flow.
+
+    The autograd kernel is a second dispatcher pass through Python (2-3 us a call, a tenth
+    of a small GPU rerank); it is needed only when an embedding requires grad, where it
+    wires backward (or, for inference entry points, refuses it with a clear error).
+    Under torch.compile the op is traced through the normal dispatch.
+    """
+    if (torch.is_grad_enabled() and (queries.requires_grad or documents.requires_grad)) \
+            or torch.compiler.is_compiling():
+        return op(*args)
+    with torch._C._AutoDispatchBelowAutograd():
+        return op(*args)
+
+
 # ---- padded ------------------------------------------------------------------------------
 
 def _padded_args(queries, documents, query_lengths, doc_lengths):
@@ -27,10 +42,11 @@ def _padded_args(queries, documents, query_lengths, doc_lengths):
     c, ld = documents.shape[1], documents.shape[2]
     check.index("query_lengths", query_lengths, (b,))
     check.index("doc_lengths", doc_lengths, (b, c))
-    check.same_device(queries=queries, documents=documents, query_lengths=query_lengths,
-                      doc_lengths=doc_lengths)
-    check.lengths_in_range("query_lengths", query_lengths, lq, "Lq")
-    check.lengths_in_range("doc_lengths", doc_lengths, ld, "Ld")
+    check.same_device(("queries", "documents", "query_lengths", "doc_lengths"),
+                      queries, documents, query_lengths, doc_lengths)
+    read = check.reads_values(queries)
+    check.lengths_in_range("query_lengths", query_lengths, lq, "Lq", read)
+    check.lengths_in_range("doc_lengths", doc_lengths, ld, "Ld", read)
     return (queries.contiguous(), documents.contiguous(), query_lengths.contiguous(),
             doc_lengths.contiguous())
 
@@ -42,19 +58,19 @@ def score_candidates_padded(queries, documents, query_lengths, doc_lengths):
     -> scores [B, C] float32.
     """
     args = _padded_args(queries, documents, query_lengths, doc_lengths)
-    return ops.padded_forward(*args, False)[0]
+    return _call(ops.padded_forward, (*args, False), args[0], args[1])[0]
 
 
 def score_candidates_padded_with_argmax(queries, documents, query_lengths, doc_lengths):
     """Like score_candidates_padded, plus argmax [B, C, Lq] int32 (-1 where unmatched)."""
     args = _padded_args(queries, documents, query_lengths, doc_lengths)
-    return ops.padded_forward(*args, True)
+    return _call(ops.padded_forward, (*args, True), args[0], args[1])
 
 
 def score_candidates_padded_train(queries, documents, query_lengths, doc_lengths):
     """Differentiable score_candidates_padded (gradients for queries and documents)."""
     args = _padded_args(queries, documents, query_lengths, doc_lengths)
-    return ops.padded_forward(*args, True)[0]
+    return _call(ops.padded_forward, (*args, True), args[0], args[1])[0]
 
 
 # ---- contrastive -------------------------------------------------------------------------
@@ -64,13 +80,16 @@ def _contrastive_args(queries, documents, document_offsets, query_lengths):
     check.embeddings("documents", documents, 2, "[total_doc_tokens, D]")
     check.same_dtype_and_dim(queries, documents)
     check.index("document_offsets", document_offsets, None)
-    check.offsets("document_offsets", document_offsets, documents.shape[0], "documents.shape[0]")
     if query_lengths is not None:
         check.index("query_lengths", query_lengths, (queries.shape[0],))
-        check.lengths_in_range("query_lengths", query_lengths, queries.shape[1], "Lq")
+    check.same_device(("queries", "documents", "document_offsets", "query_lengths"),
+                      queries, documents, document_offsets, query_lengths)
+    read = check.reads_values(queries)
+    check.offsets("document_offsets", document_offsets, documents.shape[0], "documents.shape[0]",
+                  read)
+    if query_lengths is not None:
+        check.lengths_in_range("query_lengths", query_lengths, queries.shape[1], "Lq", read)
         query_lengths = query_lengths.contiguous()
-    check.same_device(queries=queries, documents=documents, document_offsets=document_offsets,
-                      query_lengths=query_lengths)
     return queries.contiguous(), documents.contiguous(), document_offsets.contiguous(), query_lengths
 
 
@@ -81,19 +100,19 @@ def score_contrastive(queries, documents, document_offsets, *, query_lengths=Non
     optional query_lengths [Nq] (default: all Lq positions count) -> scores [Nq, Nb] float32.
     """
     args = _contrastive_args(queries, documents, document_offsets, query_lengths)
-    return ops.contrastive_forward(*args, False)[0]
+    return _call(ops.contrastive_forward, (*args, False), args[0], args[1])[0]
 
 
 def score_contrastive_with_argmax(queries, documents, document_offsets, *, query_lengths=None):
     """Like score_contrastive, plus argmax [Nq, Nb, Lq] int32 (-1 where unmatched)."""
     args = _contrastive_args(queries, documents, document_offsets, query_lengths)
-    return ops.contrastive_forward(*args, True)
+    return _call(ops.contrastive_forward, (*args, True), args[0], args[1])
 
 
 def score_contrastive_train(queries, documents, document_offsets, *, query_lengths=None):
     """Differentiable score_contrastive, e.g. for in-batch-negative (InfoNCE) training."""
     args = _contrastive_args(queries, documents, document_offsets, query_lengths)
-    return ops.contrastive_forward(*args, True)[0]
+    return _call(ops.contrastive_forward, (*args, True), args[0], args[1])[0]
 
 
 # ---- packed ------------------------------------------------------------------------------
@@ -107,16 +126,19 @@ def _packed_args(queries, query_offsets, documents, document_offsets, pair_query
     check.index("document_offsets", document_offsets, None)
     check.index("pair_query_ids", pair_query_ids, None)
     check.index("pair_document_ids", pair_document_ids, (pair_query_ids.shape[0],))
-    check.same_device(queries=queries, query_offsets=query_offsets, documents=documents,
-                      document_offsets=document_offsets, pair_query_ids=pair_query_ids,
-                      pair_document_ids=pair_document_ids)
-    check.offsets("query_offsets", query_offsets, queries.shape[0], "queries.shape[0]")
-    check.offsets("document_offsets", document_offsets, documents.shape[0], "documents.shape[0]")
+    check.same_device(("queries", "query_offsets", "documents", "document_offsets",
+                       "pair_query_ids", "pair_document_ids"),
+                      queries, query_offsets, documents, document_offsets, pair_query_ids,
+                      pair_document_ids)
+    read = check.reads_values(queries)
+    check.offsets("query_offsets", query_offsets, queries.shape[0], "queries.shape[0]", read)
+    check.offsets("document_offsets", document_offsets, documents.shape[0], "documents.shape[0]",
+                  read)
     n_queries, n_docs = query_offsets.shape[0] - 1, document_offsets.shape[0] - 1
-    check.ids_in_range("pair_query_ids", pair_query_ids, n_queries, "number of queries")
-    check.ids_in_range("pair_document_ids", pair_document_ids, n_docs, "number of documents")
+    check.ids_in_range("pair_query_ids", pair_query_ids, n_queries, "number of queries", read)
+    check.ids_in_range("pair_document_ids", pair_document_ids, n_docs, "number of documents", read)
     if max_q_len is not None:
-        check.max_q_len(max_q_len, query_offsets)
+        check.max_q_len(max_q_len, query_offsets, read)
     elif need_width:
         # The argmax width is the longest query: reading it is a host sync on a GPU.
         max_q_len = int((query_offsets[1:] - query_offsets[:-1]).max()) if n_queries > 0 else 0
@@ -137,7 +159,7 @@ def score_pairs_packed(queries, query_offsets, documents, document_offsets, pair
     """
     args = _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids,
                         pair_document_ids, max_q_len, need_width=False)
-    return ops.packed_forward(*args, False)[0]
+    return _call(ops.packed_forward, (*args, False), args[0], args[2])[0]
 
 
 def score_pairs_packed_with_argmax(queries, query_offsets, documents, document_offsets,
@@ -148,7 +170,7 @@ def score_pairs_packed_with_argmax(queries, query_offsets, documents, document_o
     """
     args = _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids,
                         pair_document_ids, max_q_len, need_width=True)
-    return ops.packed_forward(*args, True)
+    return _call(ops.packed_forward, (*args, True), args[0], args[2])
 
 
 def score_pairs_packed_train(queries, query_offsets, documents, document_offsets,
@@ -156,4 +178,4 @@ def score_pairs_packed_train(queries, query_offsets, documents, document_offsets
     """Differentiable score_pairs_packed (gradients for queries and documents)."""
     args = _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids,
                         pair_document_ids, max_q_len, need_width=True)
-    return ops.packed_forward(*args, True)[0]
+    return _call(ops.packed_forward, (*args, True), args[0], args[2])[0]
