@@ -20,11 +20,12 @@ struct IndexRef {
   int is64 = 0;
 };
 
-// Shapes, by surface (see docs/design.md):
+// What forward and backward both see of a call: the surface, its embeddings and sizes and
+// index tensors, and where to run. Shapes, by surface (see docs/design.md):
 //   padded:      queries [B,Lq,D]  documents [B,C,Ld,D]   num_queries=B, cands=C, lq=Lq, ld=Ld
 //   contrastive: queries [Nq,Lq,D] documents [T,D]        num_queries=Nq, num_docs=Nb, lq=Lq
 //   packed:      queries [Tq,D]    documents [Td,D]       num_queries=Nq, num_docs=Nd, pairs=P
-struct ForwardParams {
+struct Problem {
   Surface surface = Surface::kPadded;
   DType dtype = DType::kF16;
   const void* queries = nullptr;
@@ -38,42 +39,30 @@ struct ForwardParams {
   int64_t lq = 0;
   int64_t ld = 0;
   int64_t pairs = 0;  // B*C, Nq*Nb or P
-  IndexRef query_lengths, doc_lengths;       // padded (both), contrastive (query_lengths, optional)
-  IndexRef query_offsets, doc_offsets;       // packed (both), contrastive (doc_offsets)
-  IndexRef pair_query_ids, pair_doc_ids;     // packed
-  void* scores = nullptr;                    // float32 (float64 for kF64 inputs), [pairs]
-  int32_t* argmax = nullptr;                 // [pairs, argmax_width] or null
-  int64_t argmax_width = 0;                  // Lq, Lq or max_q_len (0 without argmax)
-  int64_t max_q_len = 0;                     // packed: sizes the query block (longer queries still work)
+  IndexRef query_lengths, doc_lengths;    // padded (both), contrastive (query_lengths, optional)
+  IndexRef query_offsets, doc_offsets;    // packed (both), contrastive (doc_offsets)
+  IndexRef pair_query_ids, pair_doc_ids;  // packed
   int num_sms = 1;
-  int variant = -1;         // tuning knob: contrastive block rows, 0 = 128, else 256 (-1 = default)
-  int rerank_variant = -1;  // tuning knob: padded/packed block shape for Lq <= 32 (-1 = default)
   cudaStream_t stream = nullptr;
 };
 
-struct BackwardParams {
-  Surface surface = Surface::kPadded;
-  DType dtype = DType::kF16;
+struct ForwardParams : Problem {
+  void* scores = nullptr;     // float32 (float64 for kF64 inputs), [pairs]
+  int32_t* argmax = nullptr;  // [pairs, argmax_width] or null
+  int64_t argmax_width = 0;   // Lq, Lq or max_q_len (0 without argmax)
+  int64_t max_q_len = 0;      // packed: sizes the query block (longer queries still work)
+  int variant = -1;           // tuning knob: contrastive block rows, 0 = 128, else 256 (-1 = default)
+  int rerank_variant = -1;    // tuning knob: padded/packed block shape for Lq <= 32 (-1 = default)
+};
+
+struct BackwardParams : Problem {
   const void* grad_scores = nullptr;  // float32 (float64 for kF64), [pairs]
-  const void* queries = nullptr;
-  const void* documents = nullptr;
-  int64_t dim = 0;
-  int64_t q_rows = 0;
-  int64_t d_rows = 0;
-  int64_t num_queries = 0;
-  int64_t num_docs = 0;
-  int64_t cands = 0;
-  int64_t lq = 0;
-  int64_t ld = 0;
-  int64_t pairs = 0;
-  IndexRef query_lengths, doc_lengths, query_offsets, doc_offsets, pair_query_ids, pair_doc_ids;
-  IndexRef pairs_by_query, query_pair_offsets, pairs_by_document, document_pair_offsets;  // packed
-  const int32_t* argmax = nullptr;  // [pairs, argmax_width]
+  const int32_t* argmax = nullptr;    // [pairs, argmax_width]
   int64_t argmax_width = 0;
-  void* grad_queries = nullptr;     // null when not needed; same dtype/shape as queries
-  void* grad_documents = nullptr;   // null when not needed
-  int num_sms = 1;
-  cudaStream_t stream = nullptr;
+  void* grad_queries = nullptr;    // null when not needed; same dtype/shape as queries
+  void* grad_documents = nullptr;  // null when not needed
+  // packed: pair indices grouped by query / by document (CSR), so each gradient row has one owner
+  IndexRef pairs_by_query, query_pair_offsets, pairs_by_document, document_pair_offsets;
 };
 
 // Forward: one kernel family; the surface is a policy. Half types run tensor-core

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <vector>
 
 #include "maxsim_cuda/launch.h"
 #include "torch_binding.h"
@@ -84,8 +85,12 @@ int rerank_variant() {
   return v;
 }
 
-template <class P>
-void fill_common(P& p, const at::Tensor& q, const at::Tensor& d) {
+// The Problem of each surface: shape checks, sizes, index tensors. The caller holds a
+// CUDAGuard for the queries' device (the stream read here is that device's).
+Problem base_problem(Surface surface, const at::Tensor& q, const at::Tensor& d) {
+  check_inputs(q, d);
+  Problem p;
+  p.surface = surface;
   p.dtype = dtype_of(q);
   p.queries = q.numel() > 0 ? q.data_ptr() : nullptr;
   p.documents = d.numel() > 0 ? d.data_ptr() : nullptr;
@@ -96,20 +101,75 @@ void fill_common(P& p, const at::Tensor& q, const at::Tensor& d) {
   p.d_rows = c10::multiply_integers(d.sizes().slice(0, d.dim() - 1));
   p.num_sms = num_sms();
   p.stream = c10::cuda::getCurrentCUDAStream().stream();
+  return p;
 }
 
-std::tuple<at::Tensor, at::Tensor> forward_outputs(const at::Tensor& q, at::IntArrayRef score_shape,
-                                                   at::IntArrayRef argmax_shape, bool with_argmax) {
+int64_t segments(const at::Tensor& offsets) { return offsets.numel() > 0 ? offsets.numel() - 1 : 0; }
+
+Problem padded_problem(const at::Tensor& q, const at::Tensor& d, const at::Tensor& query_lengths,
+                       const at::Tensor& doc_lengths) {
+  TORCH_CHECK(q.dim() == 3 && d.dim() == 4, "maxsim: padded expects [B,Lq,D] and [B,C,Ld,D]");
+  TORCH_CHECK(d.size(0) == q.size(0) && d.size(3) == q.size(2), "maxsim: padded shape mismatch");
+  Problem p = base_problem(Surface::kPadded, q, d);
+  p.num_queries = q.size(0);
+  p.cands = d.size(1);
+  p.num_docs = p.pairs = p.num_queries * p.cands;
+  p.lq = q.size(1);
+  p.ld = d.size(2);
+  p.query_lengths = index_ref(query_lengths, q, "query_lengths");
+  p.doc_lengths = index_ref(doc_lengths, q, "doc_lengths");
+  return p;
+}
+
+Problem contrastive_problem(const at::Tensor& q, const at::Tensor& d, const at::Tensor& document_offsets,
+                            const std::optional<at::Tensor>& query_lengths) {
+  TORCH_CHECK(q.dim() == 3 && d.dim() == 2, "maxsim: contrastive expects [Nq,Lq,D] and [T,D]");
+  TORCH_CHECK(d.size(1) == q.size(2), "maxsim: dim mismatch");
+  Problem p = base_problem(Surface::kContrastive, q, d);
+  p.num_queries = q.size(0);
+  p.num_docs = segments(document_offsets);
+  p.lq = q.size(1);
+  p.pairs = p.num_queries * p.num_docs;
+  p.doc_offsets = index_ref(document_offsets, q, "document_offsets");
+  if (query_lengths.has_value()) p.query_lengths = index_ref(*query_lengths, q, "query_lengths");
+  return p;
+}
+
+Problem packed_problem(const at::Tensor& q, const at::Tensor& query_offsets, const at::Tensor& d,
+                       const at::Tensor& document_offsets, const at::Tensor& pair_query_ids,
+                       const at::Tensor& pair_document_ids) {
+  TORCH_CHECK(q.dim() == 2 && d.dim() == 2, "maxsim: packed expects [Tq,D] and [Td,D]");
+  TORCH_CHECK(d.size(1) == q.size(1), "maxsim: dim mismatch");
+  TORCH_CHECK(pair_document_ids.numel() == pair_query_ids.numel(), "maxsim: pair id tensors differ in length");
+  Problem p = base_problem(Surface::kPacked, q, d);
+  p.num_queries = segments(query_offsets);
+  p.num_docs = segments(document_offsets);
+  p.pairs = pair_query_ids.numel();
+  p.query_offsets = index_ref(query_offsets, q, "query_offsets");
+  p.doc_offsets = index_ref(document_offsets, q, "document_offsets");
+  p.pair_query_ids = index_ref(pair_query_ids, q, "pair_query_ids");
+  p.pair_doc_ids = index_ref(pair_document_ids, q, "pair_document_ids");
+  return p;
+}
+
+// Allocates (scores [score_shape], argmax [score_shape..., width] or [0]) and launches.
+std::tuple<at::Tensor, at::Tensor> run_forward(ForwardParams& p, const at::Tensor& q, at::IntArrayRef score_shape,
+                                               int64_t width, bool with_argmax) {
   auto scores = at::empty(score_shape, q.options().dtype(score_type(q)));
-  auto argmax = with_argmax ? at::empty(argmax_shape, q.options().dtype(at::kInt))
-                            : at::empty({0}, q.options().dtype(at::kInt));
-  return {scores, argmax};
-}
-
-void set_outputs(ForwardParams& p, at::Tensor& scores, at::Tensor& argmax, bool with_argmax, int64_t width) {
+  at::Tensor argmax;
+  if (with_argmax) {
+    std::vector<int64_t> shape(score_shape.begin(), score_shape.end());
+    shape.push_back(width);
+    argmax = at::empty(shape, q.options().dtype(at::kInt));
+  } else {
+    argmax = at::empty({0}, q.options().dtype(at::kInt));
+  }
+  if (p.pairs == 0) return {scores, argmax};
   p.scores = scores.numel() > 0 ? scores.data_ptr() : nullptr;
   p.argmax = with_argmax && argmax.numel() > 0 ? argmax.data_ptr<int32_t>() : nullptr;
   p.argmax_width = with_argmax ? width : 0;
+  check_launch(launch_forward(p));
+  return {scores, argmax};
 }
 
 // Gradient outputs: `owned` ones are fully written by the kernels, the others start at zero.
@@ -118,9 +178,41 @@ at::Tensor grad_output(bool need, const at::Tensor& like, bool owned) {
   return owned ? at::empty_like(like) : at::zeros_like(like);
 }
 
-at::Tensor grad_scores_as(const at::Tensor& g, const at::Tensor& q) {
-  check_device(g, q, "grad_scores");
-  return g.to(score_type(q)).contiguous();
+// Allocates the gradients and launches; `width` is the argmax row width the surface
+// expects (-1: any, packed's max_q_len).
+std::tuple<at::Tensor, at::Tensor> run_backward(BackwardParams& p, const at::Tensor& grad_scores, const at::Tensor& q,
+                                                const at::Tensor& d, const at::Tensor& argmax, int64_t width,
+                                                bool need_q, bool need_d, bool q_owned, bool d_owned) {
+  auto gq = grad_output(need_q, q, q_owned);
+  auto gd = grad_output(need_d, d, d_owned);
+  if (p.pairs == 0 || p.dim == 0 || (!need_q && !need_d)) {
+    // owned gradients are uninitialised: nothing will write them
+    if (q_owned && gq.numel() > 0) gq.zero_();
+    if (d_owned && gd.numel() > 0) gd.zero_();
+    return {gq, gd};
+  }
+  check_device(argmax, q, "argmax");
+  TORCH_CHECK(argmax.scalar_type() == at::kInt && argmax.is_contiguous(), "maxsim: argmax must be contiguous int32");
+  TORCH_CHECK(argmax.dim() >= 1 && (width < 0 || argmax.size(-1) == width) &&
+                  argmax.numel() == p.pairs * argmax.size(-1),
+              "maxsim: argmax must be [pairs..., query width]");
+  check_device(grad_scores, q, "grad_scores");
+  const auto g = grad_scores.to(score_type(q)).contiguous();
+  TORCH_CHECK(g.numel() == p.pairs, "maxsim: grad_scores shape mismatch");
+  p.grad_scores = g.data_ptr();
+  p.argmax = argmax.numel() > 0 ? argmax.data_ptr<int32_t>() : nullptr;
+  p.argmax_width = argmax.size(-1);
+  p.grad_queries = need_q && gq.numel() > 0 ? gq.data_ptr() : nullptr;
+  p.grad_documents = need_d && gd.numel() > 0 ? gd.data_ptr() : nullptr;
+  check_launch(launch_backward(p));
+  return {gq, gd};
+}
+
+template <class Params>
+Params with_problem(const Problem& problem) {
+  Params p;
+  static_cast<Problem&>(p) = problem;
+  return p;
 }
 
 }  // namespace
@@ -128,56 +220,20 @@ at::Tensor grad_scores_as(const at::Tensor& g, const at::Tensor& q) {
 std::tuple<at::Tensor, at::Tensor> padded_forward(const at::Tensor& queries, const at::Tensor& documents,
                                                   const at::Tensor& query_lengths, const at::Tensor& doc_lengths,
                                                   bool with_argmax) {
-  check_inputs(queries, documents);
-  TORCH_CHECK(queries.dim() == 3 && documents.dim() == 4, "maxsim: padded expects [B,Lq,D] and [B,C,Ld,D]");
-  const int64_t B = queries.size(0), Lq = queries.size(1), D = queries.size(2);
-  const int64_t C = documents.size(1), Ld = documents.size(2);
-  TORCH_CHECK(documents.size(0) == B && documents.size(3) == D, "maxsim: padded shape mismatch");
   const c10::cuda::CUDAGuard guard(queries.device());
-  auto [scores, argmax] = forward_outputs(queries, {B, C}, {B, C, Lq}, with_argmax);
-  if (B * C == 0) return {scores, argmax};
-  ForwardParams p;
-  p.surface = Surface::kPadded;
-  fill_common(p, queries, documents);
-  p.num_queries = B;
-  p.num_docs = B * C;
-  p.cands = C;
-  p.lq = Lq;
-  p.ld = Ld;
-  p.pairs = B * C;
-  p.query_lengths = index_ref(query_lengths, queries, "query_lengths");
-  p.doc_lengths = index_ref(doc_lengths, queries, "doc_lengths");
+  auto p = with_problem<ForwardParams>(padded_problem(queries, documents, query_lengths, doc_lengths));
   p.rerank_variant = rerank_variant();
-  set_outputs(p, scores, argmax, with_argmax, Lq);
-  check_launch(launch_forward(p));
-  return {scores, argmax};
+  return run_forward(p, queries, {p.num_queries, p.cands}, p.lq, with_argmax);
 }
 
 std::tuple<at::Tensor, at::Tensor> contrastive_forward(const at::Tensor& queries, const at::Tensor& documents,
                                                        const at::Tensor& document_offsets,
                                                        const std::optional<at::Tensor>& query_lengths,
                                                        bool with_argmax) {
-  check_inputs(queries, documents);
-  TORCH_CHECK(queries.dim() == 3 && documents.dim() == 2, "maxsim: contrastive expects [Nq,Lq,D] and [T,D]");
-  const int64_t Nq = queries.size(0), Lq = queries.size(1), D = queries.size(2);
-  TORCH_CHECK(documents.size(1) == D, "maxsim: dim mismatch");
-  const int64_t Nb = document_offsets.numel() > 0 ? document_offsets.numel() - 1 : 0;
   const c10::cuda::CUDAGuard guard(queries.device());
-  auto [scores, argmax] = forward_outputs(queries, {Nq, Nb}, {Nq, Nb, Lq}, with_argmax);
-  if (Nq * Nb == 0) return {scores, argmax};
-  ForwardParams p;
-  p.surface = Surface::kContrastive;
-  fill_common(p, queries, documents);
-  p.num_queries = Nq;
-  p.num_docs = Nb;
-  p.lq = Lq;
-  p.pairs = Nq * Nb;
-  p.doc_offsets = index_ref(document_offsets, queries, "document_offsets");
-  if (query_lengths.has_value()) p.query_lengths = index_ref(*query_lengths, queries, "query_lengths");
+  auto p = with_problem<ForwardParams>(contrastive_problem(queries, documents, document_offsets, query_lengths));
   p.variant = contrastive_variant();
-  set_outputs(p, scores, argmax, with_argmax, Lq);
-  check_launch(launch_forward(p));
-  return {scores, argmax};
+  return run_forward(p, queries, {p.num_queries, p.num_docs}, p.lq, with_argmax);
 }
 
 std::tuple<at::Tensor, at::Tensor> packed_forward(const at::Tensor& queries, const at::Tensor& query_offsets,
@@ -185,80 +241,26 @@ std::tuple<at::Tensor, at::Tensor> packed_forward(const at::Tensor& queries, con
                                                   const at::Tensor& pair_query_ids,
                                                   const at::Tensor& pair_document_ids, int64_t max_q_len,
                                                   bool with_argmax) {
-  check_inputs(queries, documents);
-  TORCH_CHECK(queries.dim() == 2 && documents.dim() == 2, "maxsim: packed expects [Tq,D] and [Td,D]");
-  TORCH_CHECK(documents.size(1) == queries.size(1), "maxsim: dim mismatch");
   TORCH_CHECK(max_q_len >= 0, "maxsim: max_q_len must be >= 0");
-  const int64_t P = pair_query_ids.numel();
-  TORCH_CHECK(pair_document_ids.numel() == P, "maxsim: pair id tensors differ in length");
   const c10::cuda::CUDAGuard guard(queries.device());
-  auto [scores, argmax] = forward_outputs(queries, {P}, {P, max_q_len}, with_argmax);
-  if (P == 0) return {scores, argmax};
-  ForwardParams p;
-  p.surface = Surface::kPacked;
-  fill_common(p, queries, documents);
-  p.num_queries = query_offsets.numel() > 0 ? query_offsets.numel() - 1 : 0;
-  p.num_docs = document_offsets.numel() > 0 ? document_offsets.numel() - 1 : 0;
-  p.pairs = P;
+  auto p = with_problem<ForwardParams>(
+      packed_problem(queries, query_offsets, documents, document_offsets, pair_query_ids, pair_document_ids));
   p.max_q_len = max_q_len;
-  p.query_offsets = index_ref(query_offsets, queries, "query_offsets");
-  p.doc_offsets = index_ref(document_offsets, queries, "document_offsets");
-  p.pair_query_ids = index_ref(pair_query_ids, queries, "pair_query_ids");
-  p.pair_doc_ids = index_ref(pair_document_ids, queries, "pair_document_ids");
   p.rerank_variant = rerank_variant();
-  set_outputs(p, scores, argmax, with_argmax, max_q_len);
-  check_launch(launch_forward(p));
-  return {scores, argmax};
+  return run_forward(p, queries, {p.pairs}, max_q_len, with_argmax);
 }
 
-namespace {
-void fill_backward(BackwardParams& p, const at::Tensor& g, const at::Tensor& q, const at::Tensor& d,
-                   const at::Tensor& argmax, at::Tensor& gq, at::Tensor& gd, bool need_q, bool need_d) {
-  fill_common(p, q, d);
-  p.grad_scores = g.numel() > 0 ? g.data_ptr() : nullptr;
-  check_device(argmax, q, "argmax");
-  TORCH_CHECK(argmax.scalar_type() == at::kInt && argmax.is_contiguous(), "maxsim: argmax must be contiguous int32");
-  p.argmax = argmax.numel() > 0 ? argmax.data_ptr<int32_t>() : nullptr;
-  p.argmax_width = argmax.dim() > 0 ? argmax.size(-1) : 0;
-  p.grad_queries = need_q && gq.numel() > 0 ? gq.data_ptr() : nullptr;
-  p.grad_documents = need_d && gd.numel() > 0 ? gd.data_ptr() : nullptr;
-}
-void zero_all(at::Tensor& gq, at::Tensor& gd) {
-  if (gq.numel() > 0) gq.zero_();
-  if (gd.numel() > 0) gd.zero_();
-}
-}  // namespace
-
+// Every gradient row has one owner. Padded rows are all owned by some (b, c) / b; a
+// contrastive document row only if its segment exists, a packed row only if a pair names
+// its segment: those start at zero.
 std::tuple<at::Tensor, at::Tensor> padded_backward(const at::Tensor& grad_scores, const at::Tensor& queries,
                                                    const at::Tensor& documents, const at::Tensor& query_lengths,
                                                    const at::Tensor& doc_lengths, const at::Tensor& argmax,
                                                    bool need_grad_queries, bool need_grad_documents) {
-  check_inputs(queries, documents);
-  TORCH_CHECK(queries.dim() == 3 && documents.dim() == 4, "maxsim: padded expects [B,Lq,D] and [B,C,Ld,D]");
   const c10::cuda::CUDAGuard guard(queries.device());
-  auto gq = grad_output(need_grad_queries, queries, true);
-  auto gd = grad_output(need_grad_documents, documents, true);
-  const int64_t B = queries.size(0), C = documents.size(1);
-  if (B * C == 0 || queries.size(2) == 0 || (!need_grad_queries && !need_grad_documents)) {
-    zero_all(gq, gd);
-    return {gq, gd};
-  }
-  TORCH_CHECK(argmax.numel() == B * C * queries.size(1), "maxsim: argmax shape mismatch");
-  const auto g = grad_scores_as(grad_scores, queries);
-  TORCH_CHECK(g.numel() == B * C, "maxsim: grad_scores shape mismatch");
-  BackwardParams p;
-  p.surface = Surface::kPadded;
-  fill_backward(p, g, queries, documents, argmax, gq, gd, need_grad_queries, need_grad_documents);
-  p.num_queries = B;
-  p.num_docs = B * C;
-  p.cands = C;
-  p.lq = queries.size(1);
-  p.ld = documents.size(2);
-  p.pairs = B * C;
-  p.query_lengths = index_ref(query_lengths, queries, "query_lengths");
-  p.doc_lengths = index_ref(doc_lengths, queries, "doc_lengths");
-  check_launch(launch_backward(p));
-  return {gq, gd};
+  auto p = with_problem<BackwardParams>(padded_problem(queries, documents, query_lengths, doc_lengths));
+  return run_backward(p, grad_scores, queries, documents, argmax, p.lq, need_grad_queries, need_grad_documents,
+                      true, true);
 }
 
 std::tuple<at::Tensor, at::Tensor> contrastive_backward(const at::Tensor& grad_scores, const at::Tensor& queries,
@@ -267,32 +269,10 @@ std::tuple<at::Tensor, at::Tensor> contrastive_backward(const at::Tensor& grad_s
                                                         const std::optional<at::Tensor>& query_lengths,
                                                         const at::Tensor& argmax, bool need_grad_queries,
                                                         bool need_grad_documents) {
-  check_inputs(queries, documents);
-  TORCH_CHECK(queries.dim() == 3 && documents.dim() == 2, "maxsim: contrastive expects [Nq,Lq,D] and [T,D]");
   const c10::cuda::CUDAGuard guard(queries.device());
-  auto gq = grad_output(need_grad_queries, queries, true);
-  auto gd = grad_output(need_grad_documents, documents, false);
-  const int64_t Nq = queries.size(0), Lq = queries.size(1);
-  const int64_t Nb = document_offsets.numel() > 0 ? document_offsets.numel() - 1 : 0;
-  if (Nq * Nb == 0 || queries.size(2) == 0 || (!need_grad_queries && !need_grad_documents)) {
-    zero_all(gq, gd);
-    return {gq, gd};
-  }
-  TORCH_CHECK(argmax.numel() == Nq * Nb * Lq, "maxsim: argmax shape mismatch");
-  const auto g = grad_scores_as(grad_scores, queries);
-  TORCH_CHECK(g.numel() == Nq * Nb, "maxsim: grad_scores shape mismatch");
-  BackwardParams p;
-  p.surface = Surface::kContrastive;
-  fill_backward(p, g, queries, documents, argmax, gq, gd, need_grad_queries, need_grad_documents);
-  p.num_queries = Nq;
-  p.num_docs = Nb;
-  p.lq = Lq;
-  p.pairs = Nq * Nb;
-  p.argmax_width = Lq;
-  p.doc_offsets = index_ref(document_offsets, queries, "document_offsets");
-  if (query_lengths.has_value()) p.query_lengths = index_ref(*query_lengths, queries, "query_lengths");
-  check_launch(launch_backward(p));
-  return {gq, gd};
+  auto p = with_problem<BackwardParams>(contrastive_problem(queries, documents, document_offsets, query_lengths));
+  return run_backward(p, grad_scores, queries, documents, argmax, p.lq, need_grad_queries, need_grad_documents,
+                      true, false);
 }
 
 std::tuple<at::Tensor, at::Tensor> packed_backward(
@@ -301,32 +281,15 @@ std::tuple<at::Tensor, at::Tensor> packed_backward(
     const at::Tensor& pair_document_ids, const at::Tensor& argmax, const at::Tensor& pairs_by_query,
     const at::Tensor& query_pair_offsets, const at::Tensor& pairs_by_document,
     const at::Tensor& document_pair_offsets, bool need_grad_queries, bool need_grad_documents) {
-  check_inputs(queries, documents);
-  TORCH_CHECK(queries.dim() == 2 && documents.dim() == 2, "maxsim: packed expects [Tq,D] and [Td,D]");
   const c10::cuda::CUDAGuard guard(queries.device());
-  auto gq = grad_output(need_grad_queries, queries, false);
-  auto gd = grad_output(need_grad_documents, documents, false);
-  const int64_t P = pair_query_ids.numel();
-  if (P == 0 || queries.size(1) == 0 || (!need_grad_queries && !need_grad_documents)) return {gq, gd};
-  TORCH_CHECK(argmax.dim() == 2 && argmax.size(0) == P, "maxsim: argmax must be [P, max_q_len]");
-  const auto g = grad_scores_as(grad_scores, queries);
-  TORCH_CHECK(g.numel() == P, "maxsim: grad_scores shape mismatch");
-  BackwardParams p;
-  p.surface = Surface::kPacked;
-  fill_backward(p, g, queries, documents, argmax, gq, gd, need_grad_queries, need_grad_documents);
-  p.num_queries = query_offsets.numel() > 0 ? query_offsets.numel() - 1 : 0;
-  p.num_docs = document_offsets.numel() > 0 ? document_offsets.numel() - 1 : 0;
-  p.pairs = P;
-  p.query_offsets = index_ref(query_offsets, queries, "query_offsets");
-  p.doc_offsets = index_ref(document_offsets, queries, "document_offsets");
-  p.pair_query_ids = index_ref(pair_query_ids, queries, "pair_query_ids");
-  p.pair_doc_ids = index_ref(pair_document_ids, queries, "pair_document_ids");
+  auto p = with_problem<BackwardParams>(
+      packed_problem(queries, query_offsets, documents, document_offsets, pair_query_ids, pair_document_ids));
   p.pairs_by_query = index_ref(pairs_by_query, queries, "pairs_by_query");
   p.query_pair_offsets = index_ref(query_pair_offsets, queries, "query_pair_offsets");
   p.pairs_by_document = index_ref(pairs_by_document, queries, "pairs_by_document");
   p.document_pair_offsets = index_ref(document_pair_offsets, queries, "document_pair_offsets");
-  check_launch(launch_backward(p));
-  return {gq, gd};
+  return run_backward(p, grad_scores, queries, documents, argmax, -1, need_grad_queries, need_grad_documents,
+                      false, false);
 }
 
 }  // namespace maxsim_cuda

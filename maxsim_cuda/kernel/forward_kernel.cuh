@@ -222,14 +222,7 @@ cudaError_t run_forward(const Policy& pol, const FwdArgs<typename ML::Elem>& a, 
 // ---- policy construction from the plain params ----
 
 inline PaddedPolicy make_padded(const ForwardParams& p) {
-  PaddedPolicy pol;
-  pol.qlens = IndexView(p.query_lengths);
-  pol.dlens = IndexView(p.doc_lengths);
-  pol.B = p.num_queries;
-  pol.C = p.cands;
-  pol.Lq = p.lq;
-  pol.Ld = p.ld;
-  return pol;
+  return PaddedPolicy{IndexView(p.query_lengths), IndexView(p.doc_lengths), p.num_queries, p.cands, p.lq, p.ld};
 }
 
 inline ContrastivePolicy make_contrastive(const ForwardParams& p, int bm) {
@@ -251,17 +244,8 @@ inline ContrastivePolicy make_contrastive(const ForwardParams& p, int bm) {
 }
 
 inline PackedPolicy make_packed(const ForwardParams& p) {
-  PackedPolicy pol;
-  pol.qoffs = IndexView(p.query_offsets);
-  pol.doffs = IndexView(p.doc_offsets);
-  pol.pqids = IndexView(p.pair_query_ids);
-  pol.pdids = IndexView(p.pair_doc_ids);
-  pol.Nq = p.num_queries;
-  pol.Nd = p.num_docs;
-  pol.Tq = p.q_rows;
-  pol.Td = p.d_rows;
-  pol.P = p.pairs;
-  return pol;
+  return PackedPolicy{IndexView(p.query_offsets), IndexView(p.doc_offsets), IndexView(p.pair_query_ids),
+                      IndexView(p.pair_doc_ids), p.num_queries, p.num_docs, p.q_rows, p.d_rows, p.pairs};
 }
 
 // Rows a block should hold: the padded query length (padded), stacked queries up to 128

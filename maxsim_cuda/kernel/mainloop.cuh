@@ -19,6 +19,7 @@
 #include "epilogue.cuh"
 #include "policies.cuh"
 #include "primitives.cuh"
+#include "tile_load.cuh"
 
 namespace maxsim_cuda {
 namespace kernel {
@@ -113,19 +114,16 @@ struct MmaMainloop {
   static constexpr int NTW = BN / WN;  // columns per warp
   static constexpr int NT = NTW / 8;
   static constexpr int KS = KD / 16;
-  static constexpr int CH = KD / 8;  // 16-byte chunks per tile row
   static constexpr int kSlots = WN;
   static_assert(MT >= 1 && BM == MT * 16 * WM, "BM");
   static_assert(NT % 2 == 0, "NT must be even (ldmatrix.x4 loads two n8 tiles)");
-  static_assert((BN * CH) % kThreads == 0, "tile chunks per thread");
-  static_assert(KD >= 64, "swizzle needs 8 chunks per row");
 
   static constexpr size_t stage_bytes() { return size_t(BN) * KD * sizeof(T); }
   static constexpr size_t smem_bytes() { return kStages * stage_bytes(); }
 
   T* tiles;
   int64_t dim;
-  bool aligned;  // dim % 8 == 0 and 16-byte aligned base: cp.async path
+  int gran;  // elements per cp.async piece (copy_granularity)
   int lane, wm, wn;
   uint32_t qa[MT][KS][4];
   MmaRowMax<MT, NT, NTW, WN, BN> row_max;
@@ -133,7 +131,7 @@ struct MmaMainloop {
   __device__ __forceinline__ void init(unsigned char* smem, int64_t dim_, const void* docs) {
     tiles = reinterpret_cast<T*>(smem);
     dim = dim_;
-    aligned = (dim % 8 == 0) && ((reinterpret_cast<uintptr_t>(docs) & 15) == 0);
+    gran = copy_granularity<T>(dim, reinterpret_cast<uintptr_t>(docs));
     const int warp = threadIdx.x / 32;
     lane = threadIdx.x % 32;
     wm = warp % WM;
@@ -142,32 +140,7 @@ struct MmaMainloop {
 
   // Producer: document rows [row0, row0 + rows) into stage `stage` (zero-filled beyond).
   __device__ __forceinline__ void load_tile(int stage, const T* docs, int64_t row0, int rows) const {
-    const uint32_t base = smem_addr(tiles + size_t(stage) * BN * KD);
-#pragma unroll
-    for (int it = 0; it < (BN * CH) / kThreads; ++it) {
-      const int c = threadIdx.x + it * kThreads;
-      const int r = c / CH, ch = c % CH;
-      const uint32_t dst = base + uint32_t(r * KD + ((ch ^ (r & 7)) << 3)) * sizeof(T);
-      const int64_t k0 = int64_t(ch) * 8;
-      if (r < rows && k0 < dim) {
-        const T* src = docs + (row0 + r) * dim + k0;
-        if (aligned) {
-          cp_async_16(dst, src);
-        } else {
-          uint16_t v[8];
-#pragma unroll
-          for (int e = 0; e < 8; ++e) v[e] = (k0 + e < dim) ? ld_bits16(src + e) : uint16_t(0);
-          uint4 pk;
-          pk.x = v[0] | (uint32_t(v[1]) << 16);
-          pk.y = v[2] | (uint32_t(v[3]) << 16);
-          pk.z = v[4] | (uint32_t(v[5]) << 16);
-          pk.w = v[6] | (uint32_t(v[7]) << 16);
-          st_shared_v4(dst, pk);
-        }
-      } else {
-        st_shared_zero16(dst);
-      }
-    }
+    load_swizzled<T, BN, KD, kThreads>(smem_addr(tiles + size_t(stage) * BN * KD), docs, row0, rows, 0, dim, gran);
   }
 
   // Query block rows of this chunk straight from global memory into A fragments.
@@ -220,7 +193,7 @@ struct MmaMainloop {
       for (int np = 0; np < NT / 2; ++np) {
         const int n = wn * NTW + np * 16 + nrow;
         const int chunk = ks * 2 + kh;
-        const uint32_t addr = base + uint32_t(n * KD + ((chunk ^ (n & 7)) << 3)) * sizeof(T);
+        const uint32_t addr = swizzled<T, KD>(base, n, chunk);
         uint32_t b0, b1, b2, b3;
         ldmatrix_x4(addr, b0, b1, b2, b3);
 #pragma unroll
@@ -260,12 +233,9 @@ struct MmaKMainloop {
   static constexpr int NTW = BN / WN;
   static constexpr int NT = NTW / 8;
   static constexpr int KS = KC / 16;
-  static constexpr int CH = KC / 8;  // 16-byte chunks per stage row
   static constexpr int kSlots = WN;
   static_assert(MT >= 1 && BM == MT * 16 * WM, "BM");
   static_assert(NT % 2 == 0, "NT must be even (ldmatrix.x4 loads two n8 tiles)");
-  static_assert((BN * CH) % kThreads == 0 && (BM * CH) % kThreads == 0, "chunks per thread");
-  static_assert(KC >= 64 && KC % 64 == 0, "swizzle needs 8 chunks per row");
 
   static constexpr size_t doc_elems() { return size_t(BN) * KC; }
   static constexpr size_t stage_bytes() { return size_t(BN + BM) * KC * sizeof(T); }
@@ -274,9 +244,7 @@ struct MmaKMainloop {
   T* stages;
   int64_t dim;
   int64_t q_rows;  // rows of the queries tensor (bounds of the query chunk loads)
-  // elements per cp.async piece: 8 (16 B), 4 (8 B) or 2 (4 B), the largest that divides dim
-  // and both base addresses; 1 = scalar loads (odd dim or 2-byte aligned bases)
-  int gran;
+  int gran;  // elements per cp.async piece (copy_granularity over both bases)
   int lane, wm, wn;
   float acc[MT][NT][4];
   MmaRowMax<MT, NT, NTW, WN, BN> row_max;
@@ -286,62 +254,11 @@ struct MmaKMainloop {
     stages = reinterpret_cast<T*>(smem);
     dim = dim_;
     q_rows = q_rows_;
-    const uintptr_t addr_bits = reinterpret_cast<uintptr_t>(docs) | reinterpret_cast<uintptr_t>(queries);
-    gran = 1;
-    for (int g = 8; g >= 2; g /= 2) {
-      if (dim % g == 0 && (addr_bits & uintptr_t(2 * g - 1)) == 0) {
-        gran = g;
-        break;
-      }
-    }
+    gran = copy_granularity<T>(dim, reinterpret_cast<uintptr_t>(docs) | reinterpret_cast<uintptr_t>(queries));
     const int warp = threadIdx.x / 32;
     lane = threadIdx.x % 32;
     wm = warp % WM;
     wn = warp / WM;
-  }
-
-  // rows [row0, row0 + rows) x columns [k0, k0 + KC) of a [*, dim] matrix into a swizzled
-  // [NROWS x KC] region; zeros beyond `rows` and beyond dim.
-  template <int NROWS>
-  __device__ __forceinline__ void load_rows(uint32_t base, const T* src0, int64_t row0, int64_t rows,
-                                            int64_t kbase) const {
-#pragma unroll
-    for (int it = 0; it < (NROWS * CH) / kThreads; ++it) {
-      const int c = threadIdx.x + it * kThreads;
-      const int r = c / CH, ch = c % CH;
-      const uint32_t dst = base + uint32_t(r * KC + ((ch ^ (r & 7)) << 3)) * sizeof(T);
-      const int64_t k0 = kbase + int64_t(ch) * 8;
-      if (r < rows && k0 < dim) {
-        const T* src = src0 + (row0 + r) * dim + k0;
-        if (gran == 8) {
-          cp_async_16(dst, src);
-        } else if (gran == 4) {  // dim % 4 == 0: each 4-element piece is all in or all out
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const bool in = k0 + 4 * h < dim;
-            cp_async_ca_zfill<8>(dst + 8 * h, in ? src + 4 * h : src, in ? 8u : 0u);
-          }
-        } else if (gran == 2) {
-#pragma unroll
-          for (int h = 0; h < 4; ++h) {
-            const bool in = k0 + 2 * h < dim;
-            cp_async_ca_zfill<4>(dst + 4 * h, in ? src + 2 * h : src, in ? 4u : 0u);
-          }
-        } else {
-          uint16_t v[8];
-#pragma unroll
-          for (int e = 0; e < 8; ++e) v[e] = (k0 + e < dim) ? ld_bits16(src + e) : uint16_t(0);
-          uint4 pk;
-          pk.x = v[0] | (uint32_t(v[1]) << 16);
-          pk.y = v[2] | (uint32_t(v[3]) << 16);
-          pk.z = v[4] | (uint32_t(v[5]) << 16);
-          pk.w = v[6] | (uint32_t(v[7]) << 16);
-          st_shared_v4(dst, pk);
-        }
-      } else {
-        st_shared_zero16(dst);
-      }
-    }
   }
 
   // Producer: K-chunk kc of document rows [row0, row0 + rows) and of the query block whose
@@ -350,10 +267,11 @@ struct MmaKMainloop {
                                              int64_t row0, int rows, int64_t kc) const {
     const uint32_t base = smem_addr(stages + size_t(stage) * (BN + BM) * KC);
     const int64_t kbase = kc * KC;
-    load_rows<BN>(base, docs, row0, rows, kbase);
+    load_swizzled<T, BN, KC, kThreads>(base, docs, row0, rows, kbase, dim, gran);
     int64_t qr = q_rows - qrow0;
     qr = qr < 0 ? 0 : qr;
-    load_rows<BM>(base + uint32_t(doc_elems() * sizeof(T)), queries, qrow0, qr, kbase);
+    load_swizzled<T, BM, KC, kThreads>(base + uint32_t(doc_elems() * sizeof(T)), queries, qrow0, qr, kbase, dim,
+                                       gran);
   }
 
   __device__ __forceinline__ void load_query(const T*, const QueryRows&) {}
@@ -382,14 +300,14 @@ struct MmaKMainloop {
       for (int mt = 0; mt < MT; ++mt) {
         const int r = (wm * MT + mt) * 16 + arow;
         const int chunk = ks * 2 + akh;
-        const uint32_t addr = qbase + uint32_t(r * KC + ((chunk ^ (r & 7)) << 3)) * sizeof(T);
+        const uint32_t addr = swizzled<T, KC>(qbase, r, chunk);
         ldmatrix_x4(addr, qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3]);
       }
 #pragma unroll
       for (int np = 0; np < NT / 2; ++np) {
         const int n = wn * NTW + np * 16 + nrow;
         const int chunk = ks * 2 + kh;
-        const uint32_t addr = dbase + uint32_t(n * KC + ((chunk ^ (n & 7)) << 3)) * sizeof(T);
+        const uint32_t addr = swizzled<T, KC>(dbase, n, chunk);
         uint32_t b0, b1, b2, b3;
         ldmatrix_x4(addr, b0, b1, b2, b3);
 #pragma unroll

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace maxsim_cuda {
 namespace kernel {
@@ -88,31 +89,27 @@ __device__ __forceinline__ uint16_t ld_bits16(const T* p) {
   return __ldg(reinterpret_cast<const unsigned short*>(p));
 }
 
-// Element -> accumulator type.
+// Element <-> accumulator conversions (the half types have no implicit ones in device code).
 template <class Acc, class T>
 __device__ __forceinline__ Acc to_acc(T v) {
-  return static_cast<Acc>(v);
-}
-template <>
-__device__ __forceinline__ float to_acc<float, __half>(__half v) {
-  return __half2float(v);
-}
-template <>
-__device__ __forceinline__ float to_acc<float, __nv_bfloat16>(__nv_bfloat16 v) {
-  return __bfloat162float(v);
+  if constexpr (std::is_same_v<T, __half>) {
+    return static_cast<Acc>(__half2float(v));
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return static_cast<Acc>(__bfloat162float(v));
+  } else {
+    return static_cast<Acc>(v);
+  }
 }
 
 template <class T, class Acc>
 __device__ __forceinline__ T from_acc(Acc v) {
-  return static_cast<T>(v);
-}
-template <>
-__device__ __forceinline__ __half from_acc<__half, float>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16, float>(float v) {
-  return __float2bfloat16_rn(v);
+  if constexpr (std::is_same_v<T, __half>) {
+    return __float2half_rn(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __float2bfloat16_rn(static_cast<float>(v));
+  } else {
+    return static_cast<T>(v);
+  }
 }
 
 template <class Acc>

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: build the CUDA variant, run the full suite (CUDA + CPU), the sanitizer
-# subset and the side-by-side benchmark. Logs land in $OUT. Carry .whl (kernels, tomlkit,
-# and the peers late-interaction-kernels + flash-maxsim).
+# subset, the host-overhead probe (STEPS=...,probe; PROBE_ARGS) and the side-by-side
+# benchmark. Logs land in $OUT. Carry .whl (kernels, tomlkit, and the peers
+# late-interaction-kernels + flash-maxsim).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -22,8 +23,13 @@ if [[ $steps == *sanitize* ]]; then
     [[ $rc == 0 ]] || status=1
   done
 fi
-if [[ $steps == *bench* ]]; then
+if [[ $steps == *bench* || $steps == *probe* ]]; then
   python3 tools/build.py --backend cuda > "$OUT/build.log" 2>&1 || { tail "$OUT/build.log"; exit 1; }
+fi
+if [[ $steps == *probe* ]]; then
+  python3 tools/device/overhead.py ${PROBE_ARGS:-rerank train} 2>&1 | tee "$OUT/probe.log"
+fi
+if [[ $steps == *bench* ]]; then
   python3 benchmarks/compare.py --device cuda --json "$OUT/bench.json" ${BENCH_ARGS:-} \
     2>&1 | tee "$OUT/bench.log" | tail -n 60
 fi

@@ -1,5 +1,12 @@
-"""Where a small training step's time goes: eager vs CUDA-graph replay (GPU-only time) vs
-host time per call, plus a profiler table. Contrastive (Nq=Nb=32, Lq=32, Ld=80, fp16)."""
+"""Where small calls spend their time: CUDA-event median of eager calls, host time per call,
+and GPU-only time (CUDA-graph replay), for maxsim and for the raw ops under it.
+
+    python3 tools/device/overhead.py train    # Contrastive training step (Nq=Nb=32, Lq=32, Ld=80)
+    python3 tools/device/overhead.py rerank   # the five rerank workloads, padded vs packed
+
+An eager time close to the host time means the call is host-bound; the graph time is what
+the kernels cost. Add `profile` for a torch.profiler table of the training step.
+"""
 import sys
 import time
 from pathlib import Path
@@ -9,31 +16,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import workloads as W  # noqa: E402
+
 maxsim = kernels.get_local_kernel(ROOT)
-dev = "cuda"
-shape = dict(nq=32, nb=32, lq=32, ld=80)
-if len(sys.argv) > 1:
-    shape.update(nq=64, nb=64, ld=128)
-nq, nb, lq, ld, dim = shape["nq"], shape["nb"], shape["lq"], shape["ld"], 128
-q = torch.nn.functional.normalize(torch.randn(nq, lq, dim, device=dev), dim=-1).half().requires_grad_()
-d = torch.nn.functional.normalize(torch.randn(nb * ld, dim, device=dev), dim=-1).half().requires_grad_()
-off = torch.arange(0, nb * ld + 1, ld, device=dev, dtype=torch.int32)
-g = torch.randn(nq, nb, device=dev)
 ops = maxsim._ops.ops
-
-
-def step():
-    s = maxsim.score_contrastive_train(q, d, off)
-    (s * g).sum().backward()
-
-
-def raw_fwd_bwd():
-    s, a = ops.contrastive_forward(q.detach(), d.detach(), off, None, True)
-    ops.contrastive_backward(g, q.detach(), d.detach(), off, None, a, True, True)
-
-
-def raw_fwd():
-    ops.contrastive_forward(q.detach(), d.detach(), off, None, False)
 
 
 def events(fn, n=200):
@@ -68,11 +54,47 @@ def graph(fn):
     return events(gr.replay)
 
 
-for name, fn in [("train step (API)", step), ("raw fwd+bwd ops", raw_fwd_bwd), ("raw fwd op", raw_fwd)]:
-    print(f"{name:20s} events {events(fn):7.1f} us   host/call {host(fn):7.1f} us   graph {graph(fn):7.1f} us")
+def report(name, fn):
+    print(f"{name:28s} events {events(fn):7.1f} us   host/call {host(fn):7.1f} us   "
+          f"graph {graph(fn):7.1f} us", flush=True)
 
-with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as prof:
-    for _ in range(20):
-        step()
-    torch.cuda.synchronize()
-print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=22, max_name_column_width=60))
+
+def train_probe(profile):
+    x = W.build_inputs(W.WORKLOADS["Contrastive"], "cuda")
+    q, d = W.train_leaves(x)
+    off, g = x.document_offsets, x.grad_weights
+
+    def step():
+        s = maxsim.score_contrastive_train(q, d, off)
+        (s * g).sum().backward()
+
+    def raw_fwd_bwd():
+        _, a = ops.contrastive_forward(q.detach(), d.detach(), off, None, True)
+        ops.contrastive_backward(g, q.detach(), d.detach(), off, None, a, True, True)
+
+    report("train step (API)", step)
+    report("raw fwd+bwd ops", raw_fwd_bwd)
+    report("raw fwd op", lambda: ops.contrastive_forward(q.detach(), d.detach(), off, None, False))
+    if profile:
+        acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=acts) as prof:
+            for _ in range(20):
+                step()
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=22,
+                                        max_name_column_width=60))
+
+
+def rerank_probe():
+    for base in ("SmallRerank", "Rerank", "HeavyRerank", "LongDocStress", "ColPaliRerank"):
+        for name in (base, base + "Packed"):
+            x = W.build_inputs(W.WORKLOADS[name], "cuda", layout="ragged")
+            report(f"{name} ragged", lambda: W.maxsim_call(maxsim, x))
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:] or ["train"]
+    if "rerank" in args:
+        rerank_probe()
+    if "train" in args:
+        train_probe("profile" in args)
