@@ -1,5 +1,5 @@
-// Op schemas and per-backend registration. Validation, autograd and fake (meta)
-// implementations live in the Python package; this file only wires names to kernels.
+// Op schemas and per-backend registration. Autograd is in autograd.cpp; validation and
+// the fake (meta) kernels live in the Python package; this file only wires names to kernels.
 #include <torch/library.h>
 
 #include "registration.h"

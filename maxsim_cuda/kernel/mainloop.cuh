@@ -103,6 +103,37 @@ struct MmaRowMax {
   }
 };
 
+// Warp-level tensor-core steps both mma mainloops share: a warp owns an [MT*16 x NT*8]
+// fp32 accumulator tile in mma.sync m16n8 layout.
+template <int MT, int NT>
+__device__ __forceinline__ void zero_acc(float (&acc)[MT][NT][4]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+}
+
+// One 16-column k-step: B fragments by ldmatrix from the swizzled [* x COLS] document tile
+// at `base` (tile rows first_row .. first_row + NT*8), A fragments from a(mt).
+template <class T, int COLS, int MT, int NT, class AFrag>
+__device__ __forceinline__ void mma_kstep(float (&acc)[MT][NT][4], const AFrag& a, uint32_t base, int ks, int first_row,
+                                          int lane) {
+  const int kh = (lane >> 3) & 1;
+  const int nrow = (lane & 7) + ((lane >> 4) << 3);
+#pragma unroll
+  for (int np = 0; np < NT / 2; ++np) {
+    uint32_t b0, b1, b2, b3;
+    ldmatrix_x4(swizzled<T, COLS>(base, first_row + np * 16 + nrow, ks * 2 + kh), b0, b1, b2, b3);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      Mma16816<T>::run(acc[mt][2 * np], a(mt), b0, b1);
+      Mma16816<T>::run(acc[mt][2 * np + 1], a(mt), b2, b3);
+    }
+  }
+}
+
 template <class T, int KD_, int BM_, int BN_, int WM, int WN, int STAGES_, int MIN_BLOCKS_ = 1>
 struct MmaMainloop {
   using Elem = T;
@@ -175,35 +206,15 @@ struct MmaMainloop {
   // S = Q * tile^T on tensor cores, then fold into the running max (cols >= cols_valid masked).
   __device__ __forceinline__ void compute(int stage, const T*, int64_t, int cols_valid, int col_base) {
     float acc[MT][NT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
-
+    zero_acc(acc);
     const uint32_t base = smem_addr(tiles + size_t(stage) * BN * KD);
-    const int kh = (lane >> 3) & 1;
-    const int nrow = (lane & 7) + ((lane >> 4) << 3);
     // All KS k-steps run (columns past dim are zeros in both operands): no branch in the
     // unrolled loop, so ldmatrix of step ks+1 can overlap the mma of step ks.
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) {
-#pragma unroll
-      for (int np = 0; np < NT / 2; ++np) {
-        const int n = wn * NTW + np * 16 + nrow;
-        const int chunk = ks * 2 + kh;
-        const uint32_t addr = swizzled<T, KD>(base, n, chunk);
-        uint32_t b0, b1, b2, b3;
-        ldmatrix_x4(addr, b0, b1, b2, b3);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          Mma16816<T>::run(acc[mt][2 * np], qa[mt][ks], b0, b1);
-          Mma16816<T>::run(acc[mt][2 * np + 1], qa[mt][ks], b2, b3);
-        }
-      }
+      const auto a = [&](int mt) -> const uint32_t(&)[4] { return qa[mt][ks]; };
+      mma_kstep<T, KD>(acc, a, base, ks, wn * NTW, lane);
     }
-
     row_max.fold(acc, lane, wn, cols_valid, col_base);
   }
 
@@ -280,18 +291,9 @@ struct MmaKMainloop {
 
   // acc (+)= Qchunk * Dchunk^T; after the last K-chunk, fold (cols >= cols_valid masked).
   __device__ __forceinline__ void compute_k(int stage, bool first, bool last, int cols_valid, int col_base) {
-    if (first) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
-    }
+    if (first) zero_acc(acc);
     const uint32_t dbase = smem_addr(stages + size_t(stage) * (BN + BM) * KC);
     const uint32_t qbase = dbase + uint32_t(doc_elems() * sizeof(T));
-    const int kh = (lane >> 3) & 1;
-    const int nrow = (lane & 7) + ((lane >> 4) << 3);
     const int arow = lane & 15, akh = lane >> 4;
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) {
@@ -299,23 +301,10 @@ struct MmaKMainloop {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         const int r = (wm * MT + mt) * 16 + arow;
-        const int chunk = ks * 2 + akh;
-        const uint32_t addr = swizzled<T, KC>(qbase, r, chunk);
-        ldmatrix_x4(addr, qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3]);
+        ldmatrix_x4(swizzled<T, KC>(qbase, r, ks * 2 + akh), qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3]);
       }
-#pragma unroll
-      for (int np = 0; np < NT / 2; ++np) {
-        const int n = wn * NTW + np * 16 + nrow;
-        const int chunk = ks * 2 + kh;
-        const uint32_t addr = swizzled<T, KC>(dbase, n, chunk);
-        uint32_t b0, b1, b2, b3;
-        ldmatrix_x4(addr, b0, b1, b2, b3);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          Mma16816<T>::run(acc[mt][2 * np], qa[mt], b0, b1);
-          Mma16816<T>::run(acc[mt][2 * np + 1], qa[mt], b2, b3);
-        }
-      }
+      const auto a = [&](int mt) -> const uint32_t(&)[4] { return qa[mt]; };
+      mma_kstep<T, KC>(acc, a, dbase, ks, wn * NTW, lane);
     }
     if (!last) return;
 

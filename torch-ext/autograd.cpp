@@ -1,0 +1,171 @@
+// Autograd for the three forward ops, registered at the Autograd key in C++.
+//
+// A Python autograd.Function costs tens of microseconds of host time per training step
+// (its apply, the GIL-holding backward callback, argument boxing), which is most of a
+// small step on a GPU. Here forward saves the inputs and the int32 argmax, backward calls
+// the matching backward op; both go through the dispatcher, so CPU and CUDA tensors reach
+// their own kernels and torch.compile traces them through the fake kernels.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <tuple>
+
+#include "registration.h"
+
+namespace maxsim_autograd {
+namespace {
+
+using at::Tensor;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using Pair = std::tuple<Tensor, Tensor>;
+
+#define MAXSIM_STR2(x) #x
+#define MAXSIM_STR(x) MAXSIM_STR2(x)
+constexpr const char* kNamespace = MAXSIM_STR(TORCH_EXTENSION_NAME);
+
+// Function::apply runs forward with grad mode off but does not leave the Autograd key, so
+// the ops are called below it (otherwise forward would re-enter its own kernel).
+template <class Signature>
+c10::TypedOperatorHandle<Signature> op_handle(const char* name) {
+  return c10::Dispatcher::singleton()
+      .findSchemaOrThrow((std::string(kNamespace) + "::" + name).c_str(), "")
+      .typed<Signature>();
+}
+
+using PaddedFwd = Pair(const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool);
+using PaddedBwd = Pair(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                       bool, bool);
+using ContrastiveFwd = Pair(const Tensor&, const Tensor&, const Tensor&, const std::optional<Tensor>&, bool);
+using ContrastiveBwd = Pair(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const std::optional<Tensor>&,
+                            const Tensor&, bool, bool);
+using PackedFwd = Pair(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                       int64_t, bool);
+using PackedBwd = Pair(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                       const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool,
+                       bool);
+
+// The inference entry points ask for no argmax, so there is nothing to differentiate with.
+void require_argmax(AutogradContext* ctx) {
+  TORCH_CHECK(ctx->saved_data["with_argmax"].toBool(),
+              "maxsim: this score came from an inference entry point, which keeps no state for "
+              "backward; use the matching *_train function to differentiate it");
+}
+
+// What forward leaves for backward besides the saved tensors.
+void remember(AutogradContext* ctx, bool with_argmax, const Tensor& argmax) {
+  ctx->saved_data["with_argmax"] = with_argmax;
+  ctx->mark_non_differentiable({argmax});
+  ctx->set_materialize_grads(false);  // an unused score gets no gradient buffer
+}
+
+// (gq, gd) -> one gradient per forward input: queries at qi, documents at di.
+variable_list input_grads(size_t n, size_t qi, size_t di, const Pair& g, bool need_q, bool need_d) {
+  variable_list out(n);
+  if (need_q) out[qi] = std::get<0>(g);
+  if (need_d) out[di] = std::get<1>(g);
+  return out;
+}
+
+struct PaddedFn : torch::autograd::Function<PaddedFn> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& d, const Tensor& ql,
+                               const Tensor& dl, bool with_argmax) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    static const auto op = op_handle<PaddedFwd>("padded_forward");
+    auto [scores, argmax] = op.call(q, d, ql, dl, with_argmax);
+    remember(ctx, with_argmax, argmax);
+    ctx->save_for_backward({q, d, ql, dl, argmax});
+    return {scores, argmax};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    require_argmax(ctx);
+    if (!grads[0].defined()) return variable_list(5);
+    at::AutoDispatchBelowADInplaceOrView below;
+    static const auto op = op_handle<PaddedBwd>("padded_backward");
+    const auto s = ctx->get_saved_variables();
+    const bool nq = ctx->needs_input_grad(0), nd = ctx->needs_input_grad(1);
+    return input_grads(5, 0, 1, op.call(grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4], nq, nd), nq, nd);
+  }
+};
+
+struct ContrastiveFn : torch::autograd::Function<ContrastiveFn> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& d, const Tensor& offsets,
+                               const std::optional<Tensor>& ql, bool with_argmax) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    static const auto op = op_handle<ContrastiveFwd>("contrastive_forward");
+    auto [scores, argmax] = op.call(q, d, offsets, ql, with_argmax);
+    remember(ctx, with_argmax, argmax);
+    ctx->save_for_backward({q, d, offsets, argmax, ql.value_or(Tensor())});
+    return {scores, argmax};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    require_argmax(ctx);
+    if (!grads[0].defined()) return variable_list(5);
+    at::AutoDispatchBelowADInplaceOrView below;
+    static const auto op = op_handle<ContrastiveBwd>("contrastive_backward");
+    const auto s = ctx->get_saved_variables();
+    const std::optional<Tensor> ql = s[4].defined() ? std::optional<Tensor>(s[4]) : std::nullopt;
+    const bool nq = ctx->needs_input_grad(0), nd = ctx->needs_input_grad(1);
+    return input_grads(5, 0, 1, op.call(grads[0].contiguous(), s[0], s[1], s[2], ql, s[3], nq, nd), nq, nd);
+  }
+};
+
+// Pair indices grouped by id, stably (order [P] int64, offsets [count + 1] int64), so each
+// gradient row has one owner that walks its pairs in a fixed order: deterministic.
+Pair group_by(const Tensor& ids, int64_t count) {
+  auto [sorted, order] = at::sort(ids, /*stable=*/true, /*dim=*/0, /*descending=*/false);
+  return {order, at::searchsorted(sorted, at::arange(count + 1, ids.options()))};
+}
+
+struct PackedFn : torch::autograd::Function<PackedFn> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& q_offsets, const Tensor& d,
+                               const Tensor& d_offsets, const Tensor& pq, const Tensor& pd, int64_t max_q_len,
+                               bool with_argmax) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    static const auto op = op_handle<PackedFwd>("packed_forward");
+    auto [scores, argmax] = op.call(q, q_offsets, d, d_offsets, pq, pd, max_q_len, with_argmax);
+    remember(ctx, with_argmax, argmax);
+    ctx->save_for_backward({q, q_offsets, d, d_offsets, pq, pd, argmax});
+    return {scores, argmax};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    require_argmax(ctx);
+    if (!grads[0].defined()) return variable_list(8);
+    at::AutoDispatchBelowADInplaceOrView below;
+    static const auto op = op_handle<PackedBwd>("packed_backward");
+    const auto s = ctx->get_saved_variables();
+    const auto [by_query, query_ptr] = group_by(s[4], s[1].size(0) - 1);
+    const auto [by_doc, doc_ptr] = group_by(s[5], s[3].size(0) - 1);
+    const bool nq = ctx->needs_input_grad(0), nd = ctx->needs_input_grad(2);
+    return input_grads(8, 0, 2,
+                       op.call(grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4], s[5], s[6], by_query, query_ptr,
+                               by_doc, doc_ptr, nq, nd),
+                       nq, nd);
+  }
+};
+
+Pair as_pair(const variable_list& v) { return {v[0], v[1]}; }
+
+Pair padded_forward(const Tensor& q, const Tensor& d, const Tensor& ql, const Tensor& dl, bool with_argmax) {
+  return as_pair(PaddedFn::apply(q, d, ql, dl, with_argmax));
+}
+Pair contrastive_forward(const Tensor& q, const Tensor& d, const Tensor& offsets, const std::optional<Tensor>& ql,
+                         bool with_argmax) {
+  return as_pair(ContrastiveFn::apply(q, d, offsets, ql, with_argmax));
+}
+Pair packed_forward(const Tensor& q, const Tensor& q_offsets, const Tensor& d, const Tensor& d_offsets,
+                    const Tensor& pq, const Tensor& pd, int64_t max_q_len, bool with_argmax) {
+  return as_pair(PackedFn::apply(q, q_offsets, d, d_offsets, pq, pd, max_q_len, with_argmax));
+}
+
+}  // namespace
+}  // namespace maxsim_autograd
+
+TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, Autograd, ops) {
+  ops.impl("padded_forward", &maxsim_autograd::padded_forward);
+  ops.impl("contrastive_forward", &maxsim_autograd::contrastive_forward);
+  ops.impl("packed_forward", &maxsim_autograd::packed_forward);
+}
