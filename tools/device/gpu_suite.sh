@@ -23,11 +23,17 @@ if [[ $steps == *sanitize* ]]; then
     [[ $rc == 0 ]] || status=1
   done
 fi
-if [[ $steps == *bench* || $steps == *probe* ]]; then
+if [[ $steps == *bench* || $steps == *probe* || $steps == *ncu* ]]; then
   python3 tools/build.py --backend cuda > "$OUT/build.log" 2>&1 || { tail "$OUT/build.log"; exit 1; }
 fi
 if [[ $steps == *probe* ]]; then
   python3 tools/device/overhead.py ${PROBE_ARGS:-rerank train} 2>&1 | tee "$OUT/probe.log"
+fi
+if [[ $steps == *ncu* ]]; then
+  # one training step of NCU_WORKLOAD: forward and both backward kernels, full sections
+  ncu --set full -k regex:"maxsim_forward|grad_" --launch-skip 1 --launch-count 3 \
+    python3 tools/device/overhead.py once ${NCU_WORKLOAD:-BigColBERT} > "$OUT/ncu.log" 2>&1
+  echo "ncu: rc=$?"; grep -E "^  [a-z_]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Executed Ipc A" "$OUT/ncu.log" | head -60
 fi
 if [[ $steps == *bench* ]]; then
   python3 benchmarks/compare.py --device cuda --json "$OUT/bench.json" ${BENCH_ARGS:-} \

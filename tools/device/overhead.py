@@ -3,6 +3,8 @@ and GPU-only time (CUDA-graph replay), for maxsim and for the raw ops under it.
 
     python3 tools/device/overhead.py train    # Contrastive training step (Nq=Nb=32, Lq=32, Ld=80)
     python3 tools/device/overhead.py rerank   # the five rerank workloads, padded vs packed
+    python3 tools/device/overhead.py split    # training workloads: forward / grad_q / grad_d GPU time
+    python3 tools/device/overhead.py once NAME  # one forward + backward of a training workload (for ncu)
 
 An eager time close to the host time means the call is host-bound; the graph time is what
 the kernels cost. Add `profile` for a torch.profiler table of the training step.
@@ -92,8 +94,37 @@ def rerank_probe():
             report(f"{name} ragged", lambda: W.maxsim_call(maxsim, x))
 
 
+def _raw_training_ops(name):
+    x = W.build_inputs(W.WORKLOADS[name], "cuda")
+    q, d, off, ql, g = x.queries, x.documents_packed, x.document_offsets, x.query_lengths, x.grad_weights
+    _, argmax = ops.contrastive_forward(q, d, off, ql, True)
+    return (lambda: ops.contrastive_forward(q, d, off, ql, True),
+            lambda nq, nd: ops.contrastive_backward(g, q, d, off, ql, argmax, nq, nd))
+
+
+def split_probe():
+    """GPU time (graph replay) of each piece of a training step, raw ops only."""
+    for name in ("Contrastive", "LongDocs", "BigBatch", "ColPali", "BigColBERT", "DocDoc"):
+        fwd, bwd = _raw_training_ops(name)
+        parts = {"forward+argmax": fwd, "grad_q": lambda: bwd(True, False),
+                 "grad_d": lambda: bwd(False, True), "backward": lambda: bwd(True, True)}
+        print(f"{name:12s} " + "  ".join(f"{k} {graph(f):8.1f} us" for k, f in parts.items()), flush=True)
+
+
+def once(name):
+    fwd, bwd = _raw_training_ops(name)
+    fwd()
+    bwd(True, True)
+    torch.cuda.synchronize()
+
+
 if __name__ == "__main__":
     args = sys.argv[1:] or ["train"]
+    if args[0] == "once":
+        once(args[1])
+        sys.exit(0)
+    if "split" in args:
+        split_probe()
     if "rerank" in args:
         rerank_probe()
     if "train" in args:
