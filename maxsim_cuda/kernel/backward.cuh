@@ -99,10 +99,30 @@ struct QuerySide {
 };
 
 constexpr int kQWarps = 4;  // warps (query rows) per CTA
-constexpr int kQEpt = 4;    // elements per lane per D chunk
+constexpr int kQVecs = 1;   // 8-byte vectors per lane per pass over D (a pass covers 256 / sizeof(T) columns)
+constexpr int kQUnroll = 8; // document rows gathered before their adds
+
+// Columns [e, e + 8 / sizeof(T)) of one row as Acc: one 8-byte load when the whole vector
+// is in range and aligned, else element by element (zeros past dim).
+template <class T, class Acc>
+struct RowVec {
+  static constexpr int N = 8 / sizeof(T);
+  Acc x[N];
+  __device__ __forceinline__ void load(const T* row, int64_t e, int64_t dim, bool vec_ok) {
+    if (vec_ok && e + N <= dim) {
+      const uint2 raw = __ldg(reinterpret_cast<const uint2*>(row + e));
+      const T* el = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int k = 0; k < N; ++k) x[k] = to_acc<Acc>(el[k]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < N; ++k) x[k] = e + k < dim ? to_acc<Acc>(row[e + k]) : Acc(0);
+    }
+  }
+};
 
 template <int SURF, class T, class Acc>
-__global__ void __launch_bounds__(kQWarps * 32) grad_queries_kernel(const BwdArgs<T, Acc> a, int64_t rows) {
+__global__ void __launch_bounds__(kQWarps * 32, 4) grad_queries_kernel(const BwdArgs<T, Acc> a, int64_t rows) {
   const int lane = threadIdx.x % 32;
   const int64_t row = int64_t(blockIdx.x) * kQWarps + threadIdx.x / 32;
   if (row >= rows) return;
@@ -136,54 +156,69 @@ __global__ void __launch_bounds__(kQWarps * 32) grad_queries_kernel(const BwdArg
   const bool live = i < qlen;
   const QuerySide<SURF, T, Acc> src{a, qq, i, k0};
   T* out = a.grad_q + out_row * a.dim;
-  for (int64_t e0 = 0; e0 < a.dim; e0 += 32 * kQEpt) {
-    Acc acc[kQEpt];
+  using V = RowVec<T, Acc>;
+  constexpr int kPass = 32 * kQVecs * V::N;  // columns per pass
+  // 8-byte vectors need every row start 8-byte aligned
+  const bool vec_ok = (a.dim * int64_t(sizeof(T))) % 8 == 0 && (reinterpret_cast<uintptr_t>(a.d) & 7) == 0;
+  for (int64_t e0 = 0; e0 < a.dim; e0 += kPass) {
+    Acc acc[kQVecs][V::N];
 #pragma unroll
-    for (int v = 0; v < kQEpt; ++v) acc[v] = Acc(0);
-    if (live) {
-      constexpr int U = 8;  // pairs in flight
-      for (int64_t k = 0; k < npairs; k += U) {
-        Acc w[U];
-        int64_t r[U];
+    for (int v = 0; v < kQVecs; ++v)
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-          if (k + u < npairs) {
-            src.get(k + u, w[u], r[u]);
-          } else {
-            r[u] = -1;
-            w[u] = Acc(0);
+      for (int k = 0; k < V::N; ++k) acc[v][k] = Acc(0);
+    // 32 pairs at a time: lane l reads pair base + l's index data (all in flight at once),
+    // then the warp walks the 32 in order, gathering each document row with vector loads.
+    for (int64_t base = 0; live && base < npairs; base += 32) {
+      Acc my_w = Acc(0);
+      int64_t my_row = -1;
+      if (base + lane < npairs) src.get(base + lane, my_w, my_row);
+      const int n = npairs - base < 32 ? static_cast<int>(npairs - base) : 32;
+      for (int u0 = 0; u0 < n; u0 += kQUnroll) {
+        Acc w[kQUnroll];
+        V x[kQUnroll][kQVecs];
+#pragma unroll
+        for (int u = 0; u < kQUnroll; ++u) {
+          w[u] = __shfl_sync(0xffffffffu, my_w, (u0 + u) & 31);
+          const int64_t row = __shfl_sync(0xffffffffu, my_row, (u0 + u) & 31);
+          const bool use = u0 + u < n && row >= 0;
+          w[u] = use ? w[u] : Acc(0);
+          const T* r = a.d + (use ? row : 0) * a.dim;
+#pragma unroll
+          for (int v = 0; v < kQVecs; ++v) {
+            const int64_t e = e0 + (int64_t(v) * 32 + lane) * V::N;
+            if (use) {
+              x[u][v].load(r, e, a.dim, vec_ok);
+            } else {
+#pragma unroll
+              for (int k = 0; k < V::N; ++k) x[u][v].x[k] = Acc(0);
+            }
           }
         }
-        Acc x[U][kQEpt];
 #pragma unroll
-        for (int u = 0; u < U; ++u)
+        for (int u = 0; u < kQUnroll; ++u)
 #pragma unroll
-          for (int v = 0; v < kQEpt; ++v) {
-            const int64_t e = e0 + lane + 32 * v;
-            x[u][v] = (r[u] >= 0 && e < a.dim) ? to_acc<Acc>(a.d[r[u] * a.dim + e]) : Acc(0);
-          }
+          for (int v = 0; v < kQVecs; ++v)
 #pragma unroll
-        for (int u = 0; u < U; ++u)
-          if (r[u] >= 0) {
-#pragma unroll
-            for (int v = 0; v < kQEpt; ++v) acc[v] += w[u] * x[u][v];
-          }
+            for (int k = 0; k < V::N; ++k) acc[v][k] += w[u] * x[u][v].x[k];
       }
     }
 #pragma unroll
-    for (int v = 0; v < kQEpt; ++v) {
-      const int64_t e = e0 + lane + 32 * v;
-      if (e < a.dim) out[e] = from_acc<T, Acc>(acc[v]);
-    }
+    for (int v = 0; v < kQVecs; ++v)
+#pragma unroll
+      for (int k = 0; k < V::N; ++k) {
+        const int64_t e = e0 + (int64_t(v) * 32 + lane) * V::N + k;
+        if (e < a.dim) out[e] = from_acc<T, Acc>(acc[v][k]);
+      }
   }
 }
 
-constexpr int kDThreads = 128;  // one column per thread per D chunk
+constexpr int kDThreads = 128;  // 4 warps; a pass covers 32 lanes x one 8-byte vector of columns
 // Document rows owned by one CTA pass (the host picks R <= kDRows per launch). Each CTA
 // rescans all of its document's entries, so R trades scan work (small R, many CTAs) against
 // the serial adds of one CTA's hits (large R): small batches want R = 16, big ones 64.
 constexpr int kDRows = 64;
-constexpr int kDInFlight = 16;  // gathers issued before their adds
+constexpr int kDWarps = kDThreads / 32;
+constexpr int kDInFlight = 8;  // gathers issued before their adds
 
 template <class Acc>
 struct GradDSmem {
@@ -195,7 +230,7 @@ struct GradDSmem {
 };
 
 template <int SURF, class T, class Acc>
-__global__ void __launch_bounds__(kDThreads) grad_documents_kernel(const BwdArgs<T, Acc> a) {
+__global__ void __launch_bounds__(kDThreads, 4) grad_documents_kernel(const BwdArgs<T, Acc> a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<GradDSmem<Acc>*>(smem_raw);
   const int t = threadIdx.x, lane = t % 32, warp = t / 32;
@@ -224,12 +259,14 @@ __global__ void __launch_bounds__(kDThreads) grad_documents_kernel(const BwdArgs
     }
   }
 
+  using V = RowVec<T, Acc>;
+  constexpr int kCols = 32 * V::N;  // columns per pass: lane l holds [l * N, l * N + N)
+  const bool vec_ok = (a.dim * int64_t(sizeof(T))) % 8 == 0 && (reinterpret_cast<uintptr_t>(a.q) & 7) == 0;
   const int R = a.rows_per_cta;
   for (int64_t j0 = int64_t(blockIdx.y) * R; j0 < rows_total; j0 += int64_t(gridDim.y) * R) {
-    for (int64_t d0 = 0; d0 < a.dim; d0 += kDThreads) {
-      const int64_t e = d0 + t;
-#pragma unroll 8
-      for (int j = 0; j < R; ++j) sm.acc[j][t] = Acc(0);
+    for (int64_t d0 = 0; d0 < a.dim; d0 += kCols) {
+      const int64_t e = d0 + int64_t(lane) * V::N;
+      for (int c = t; c < R * kCols; c += kDThreads) sm.acc[c / kCols][c % kCols] = Acc(0);
       for (int64_t base = 0; base < nentries; base += kDThreads) {
         // evaluate entry k = base + t
         const int64_t k = base + t;
@@ -286,23 +323,42 @@ __global__ void __launch_bounds__(kDThreads) grad_documents_kernel(const BwdArgs
           sm.hit_w[pos] = w;
         }
         __syncthreads();
-        if (e < a.dim) {
-          int h = 0;
-          for (; h + kDInFlight <= total; h += kDInFlight) {  // gathers in flight, then adds in order
-            Acc x[kDInFlight];
+        // Warp w owns the local rows j with j % kDWarps == w and adds their hits in list
+        // order (= increasing (pair, i)): one writer per row, a fixed order, no atomics.
+        for (int h0 = 0; h0 < total; h0 += 32) {
+          const bool mine = h0 + lane < total && sm.hit_j[h0 + lane] % kDWarps == warp;
+          unsigned todo = __ballot_sync(0xffffffffu, mine);
+          while (todo != 0u) {
+            int hs[kDInFlight];
+            V x[kDInFlight];
 #pragma unroll
-            for (int u = 0; u < kDInFlight; ++u) x[u] = to_acc<Acc>(a.q[sm.hit_row[h + u] * a.dim + e]);
+            for (int u = 0; u < kDInFlight; ++u) {
+              hs[u] = todo != 0u ? h0 + __ffs(todo) - 1 : -1;
+              todo &= todo - 1u;
+              if (hs[u] >= 0) {
+                x[u].load(a.q + sm.hit_row[hs[u]] * a.dim, e, a.dim, vec_ok);
+              }
+            }
 #pragma unroll
-            for (int u = 0; u < kDInFlight; ++u) sm.acc[sm.hit_j[h + u]][t] += sm.hit_w[h + u] * x[u];
+            for (int u = 0; u < kDInFlight; ++u) {
+              if (hs[u] < 0) continue;
+              const Acc w = sm.hit_w[hs[u]];
+              Acc* dst = &sm.acc[sm.hit_j[hs[u]]][lane * V::N];
+#pragma unroll
+              for (int k = 0; k < V::N; ++k) dst[k] += w * x[u].x[k];
+            }
           }
-          for (; h < total; ++h) sm.acc[sm.hit_j[h]][t] += sm.hit_w[h] * to_acc<Acc>(a.q[sm.hit_row[h] * a.dim + e]);
         }
         __syncthreads();
       }
-      if (e < a.dim) {
-        const int64_t nrows = rows_total - j0 < R ? rows_total - j0 : R;
-        for (int j = 0; j < nrows; ++j) a.grad_d[(row0 + j0 + j) * a.dim + e] = from_acc<T, Acc>(sm.acc[j][t]);
+      const int64_t nrows = rows_total - j0 < R ? rows_total - j0 : R;
+      for (int j = warp; j < nrows; j += kDWarps) {
+        T* out = a.grad_d + (row0 + j0 + j) * a.dim;
+#pragma unroll
+        for (int k = 0; k < V::N; ++k)
+          if (e + k < a.dim) out[e + k] = from_acc<T, Acc>(sm.acc[j][lane * V::N + k]);
       }
+      __syncthreads();  // the accumulators are re-zeroed by the next pass
     }
   }
 }

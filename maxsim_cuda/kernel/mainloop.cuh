@@ -55,9 +55,20 @@ struct MmaRowMax {
     }
   }
 
-  // Fold one [rows x BN] accumulator tile in; columns >= cols_valid are masked.
+  // Fold one [rows x BN] accumulator tile in; columns >= cols_valid are masked. Full tiles
+  // (all but a segment's last) take the unmasked path: no per-element select.
   __device__ __forceinline__ void fold(const float (&acc)[MT][NT][4], int lane, int wn, int cols_valid,
                                        int col_base) {
+    if (cols_valid >= BN) {
+      fold_masked<false>(acc, lane, wn, cols_valid, col_base);
+    } else {
+      fold_masked<true>(acc, lane, wn, cols_valid, col_base);
+    }
+  }
+
+  template <bool MASK>
+  __device__ __forceinline__ void fold_masked(const float (&acc)[MT][NT][4], int lane, int wn, int cols_valid,
+                                              int col_base) {
     const int t4 = lane % 4;
     int col[NT * 2];
 #pragma unroll
@@ -76,7 +87,7 @@ struct MmaRowMax {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const float x = acc[mt][nt][2 * h + e];
-            v[nt * 2 + e] = (cols_valid >= BN || col[nt * 2 + e] < lim) ? x : neg_inf<float>();
+            v[nt * 2 + e] = (!MASK || col[nt * 2 + e] < lim) ? x : neg_inf<float>();
           }
         fold_tile(m[mt * 2 + h], idx[mt * 2 + h], v, col, cbase);
       }
@@ -174,9 +185,12 @@ struct MmaMainloop {
     load_swizzled<T, BN, KD, kThreads>(smem_addr(tiles + size_t(stage) * BN * KD), docs, row0, rows, 0, dim, gran);
   }
 
-  // Query block rows of this chunk straight from global memory into A fragments.
+  // Query block rows of this chunk straight from global memory into A fragments. Each
+  // fragment register holds columns (k, k + 1), k even: one 4-byte load when dim is even
+  // and the base 4-byte aligned, else two 2-byte loads.
   __device__ __forceinline__ void load_query(const T* queries, const QueryRows& qr) {
     const int g = lane / 4, t4 = lane % 4;
+    const bool pairs = dim % 2 == 0 && (reinterpret_cast<uintptr_t>(queries) & 3) == 0;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       const int r_lo = (wm * MT + mt) * 16 + g, r_hi = r_lo + 8;
@@ -191,9 +205,13 @@ struct MmaMainloop {
           const bool v = (q & 1) ? v_hi : v_lo;
           const T* p = (q & 1) ? p_hi : p_lo;
           const int64_t k = int64_t(ks) * 16 + 2 * t4 + ((q & 2) ? 8 : 0);
-          const uint16_t e0 = (v && k < dim) ? ld_bits16(p + k) : uint16_t(0);
-          const uint16_t e1 = (v && k + 1 < dim) ? ld_bits16(p + k + 1) : uint16_t(0);
-          f[q] = e0 | (uint32_t(e1) << 16);
+          if (pairs) {
+            f[q] = (v && k < dim) ? __ldg(reinterpret_cast<const unsigned int*>(p + k)) : 0u;
+          } else {
+            const uint16_t e0 = (v && k < dim) ? ld_bits16(p + k) : uint16_t(0);
+            const uint16_t e1 = (v && k + 1 < dim) ? ld_bits16(p + k + 1) : uint16_t(0);
+            f[q] = e0 | (uint32_t(e1) << 16);
+          }
         }
 #pragma unroll
         for (int q = 0; q < 4; ++q) qa[mt][ks][q] = f[q];
