@@ -213,12 +213,12 @@ __global__ void __launch_bounds__(kQWarps * 32, 4) grad_queries_kernel(const Bwd
 }
 
 constexpr int kDThreads = 128;  // 4 warps; a pass covers 32 lanes x one 8-byte vector of columns
+constexpr int kDWarps = kDThreads / 32;
 // Document rows owned by one CTA pass (the host picks R <= kDRows per launch). Each CTA
 // rescans all of its document's entries, so R trades scan work (small R, many CTAs) against
 // the serial adds of one CTA's hits (large R): small batches want R = 16, big ones 64.
 constexpr int kDRows = 64;
-constexpr int kDWarps = kDThreads / 32;
-constexpr int kDInFlight = 8;  // gathers issued before their adds
+constexpr int kDInFlight = 16;  // gathers issued before their adds
 
 template <class Acc>
 struct GradDSmem {
@@ -226,7 +226,7 @@ struct GradDSmem {
   Acc hit_w[kDThreads];
   int64_t hit_row[kDThreads];
   int hit_j[kDThreads];
-  int wcount[kDThreads / 32];
+  int count[kDWarps][kDWarps];  // [scanning warp][owner warp]: hits of one batch
 };
 
 template <int SURF, class T, class Acc>
@@ -307,46 +307,63 @@ __global__ void __launch_bounds__(kDThreads, 4) grad_documents_kernel(const BwdA
             }
           }
         }
-        const unsigned bal = __ballot_sync(0xffffffffu, hit);
-        if (lane == 0) sm.wcount[warp] = __popc(bal);
-        __syncthreads();
-        int off = 0, total = 0;
+        // Compact the hits into one list per owner warp (warp w owns the local rows j with
+        // j % kDWarps == w), each list in entry order = increasing (pair, i).
+        const int owner = jl % kDWarps;
+        unsigned bal[kDWarps];
 #pragma unroll
-        for (int ww = 0; ww < kDThreads / 32; ++ww) {
-          off += ww < warp ? sm.wcount[ww] : 0;
-          total += sm.wcount[ww];
+        for (int c = 0; c < kDWarps; ++c) {
+          bal[c] = __ballot_sync(0xffffffffu, hit && owner == c);
+          if (lane == c) sm.count[warp][c] = __popc(bal[c]);
+        }
+        __syncthreads();
+        int list_start[kDWarps + 1];
+        list_start[0] = 0;
+#pragma unroll
+        for (int c = 0; c < kDWarps; ++c) {
+          int n = 0;
+#pragma unroll
+          for (int ww = 0; ww < kDWarps; ++ww) n += sm.count[ww][c];
+          list_start[c + 1] = list_start[c] + n;
         }
         if (hit) {
-          const int pos = off + __popc(bal & ((1u << lane) - 1u));
+          int pos = 0;
+#pragma unroll
+          for (int c = 0; c < kDWarps; ++c) {
+            if (c == owner) {
+              pos = list_start[c];
+#pragma unroll
+              for (int ww = 0; ww < kDWarps; ++ww) pos += ww < warp ? sm.count[ww][c] : 0;
+              pos += __popc(bal[c] & ((1u << lane) - 1u));
+            }
+          }
           sm.hit_j[pos] = jl;
           sm.hit_row[pos] = qrow;
           sm.hit_w[pos] = w;
         }
         __syncthreads();
-        // Warp w owns the local rows j with j % kDWarps == w and adds their hits in list
-        // order (= increasing (pair, i)): one writer per row, a fixed order, no atomics.
-        for (int h0 = 0; h0 < total; h0 += 32) {
-          const bool mine = h0 + lane < total && sm.hit_j[h0 + lane] % kDWarps == warp;
-          unsigned todo = __ballot_sync(0xffffffffu, mine);
-          while (todo != 0u) {
-            int hs[kDInFlight];
-            V x[kDInFlight];
+        // One writer per row, a fixed order, no atomics: warp w adds its list in order.
+        int my_start = 0, my_end = 0;
 #pragma unroll
-            for (int u = 0; u < kDInFlight; ++u) {
-              hs[u] = todo != 0u ? h0 + __ffs(todo) - 1 : -1;
-              todo &= todo - 1u;
-              if (hs[u] >= 0) {
-                x[u].load(a.q + sm.hit_row[hs[u]] * a.dim, e, a.dim, vec_ok);
-              }
-            }
+        for (int c = 0; c < kDWarps; ++c) {
+          if (c == warp) {
+            my_start = list_start[c];
+            my_end = list_start[c + 1];
+          }
+        }
+        for (int h = my_start; h < my_end; h += kDInFlight) {
+          V x[kDInFlight];
 #pragma unroll
-            for (int u = 0; u < kDInFlight; ++u) {
-              if (hs[u] < 0) continue;
-              const Acc w = sm.hit_w[hs[u]];
-              Acc* dst = &sm.acc[sm.hit_j[hs[u]]][lane * V::N];
+          for (int u = 0; u < kDInFlight; ++u) {
+            if (h + u < my_end) x[u].load(a.q + sm.hit_row[h + u] * a.dim, e, a.dim, vec_ok);
+          }
 #pragma unroll
-              for (int k = 0; k < V::N; ++k) dst[k] += w * x[u].x[k];
-            }
+          for (int u = 0; u < kDInFlight; ++u) {
+            if (h + u >= my_end) break;
+            const Acc wt = sm.hit_w[h + u];
+            Acc* dst = &sm.acc[sm.hit_j[h + u]][lane * V::N];
+#pragma unroll
+            for (int k = 0; k < V::N; ++k) dst[k] += wt * x[u].x[k];
           }
         }
         __syncthreads();
