@@ -260,7 +260,9 @@ __global__ void __launch_bounds__(kDThreads, 4) grad_documents_kernel(const BwdA
   }
 
   using V = RowVec<T, Acc>;
-  constexpr int kCols = 32 * V::N;  // columns per pass: lane l holds [l * N, l * N + N)
+  // columns per pass: lane l holds [l * N, l * N + N), kept at acc[j][k * 32 + l] so the
+  // 32 lanes' read-modify-writes of one k hit 32 different banks
+  constexpr int kCols = 32 * V::N;
   const bool vec_ok = (a.dim * int64_t(sizeof(T))) % 8 == 0 && (reinterpret_cast<uintptr_t>(a.q) & 7) == 0;
   const int R = a.rows_per_cta;
   for (int64_t j0 = int64_t(blockIdx.y) * R; j0 < rows_total; j0 += int64_t(gridDim.y) * R) {
@@ -361,9 +363,9 @@ __global__ void __launch_bounds__(kDThreads, 4) grad_documents_kernel(const BwdA
           for (int u = 0; u < kDInFlight; ++u) {
             if (h + u >= my_end) break;
             const Acc wt = sm.hit_w[h + u];
-            Acc* dst = &sm.acc[sm.hit_j[h + u]][lane * V::N];
+            Acc* dst = &sm.acc[sm.hit_j[h + u]][lane];
 #pragma unroll
-            for (int k = 0; k < V::N; ++k) dst[k] += wt * x[u].x[k];
+            for (int k = 0; k < V::N; ++k) dst[k * 32] += wt * x[u].x[k];
           }
         }
         __syncthreads();
@@ -373,7 +375,7 @@ __global__ void __launch_bounds__(kDThreads, 4) grad_documents_kernel(const BwdA
         T* out = a.grad_d + (row0 + j0 + j) * a.dim;
 #pragma unroll
         for (int k = 0; k < V::N; ++k)
-          if (e + k < a.dim) out[e + k] = from_acc<T, Acc>(sm.acc[j][lane * V::N + k]);
+          if (e + k < a.dim) out[e + k] = from_acc<T, Acc>(sm.acc[j][k * 32 + lane]);
       }
       __syncthreads();  // the accumulators are re-zeroed by the next pass
     }

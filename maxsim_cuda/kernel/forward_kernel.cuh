@@ -41,10 +41,12 @@ struct TileStream {
   int64_t ntiles, nchunks, load_rows;
   int64_t kc, nk, kchunks;  // K-split only
   StepDesc d;
+  typename Policy::Ahead next;  // ahead(s + 1), read while step s runs
   bool valid;
 
   __device__ __forceinline__ void open(const Policy& pol) {
-    d = pol.step(s);
+    d = pol.step(s, next);
+    if (s + 1 < end) next = pol.ahead(s + 1);
     load_rows = d.bad ? 0 : d.dlen;
     if (d.nseg == 1 && d.qlen0 == 0) load_rows = 0;  // nothing to score: skip the document
     ntiles = load_rows > 0 ? (load_rows + BN - 1) / BN : 1;
@@ -60,7 +62,10 @@ struct TileStream {
       kchunks = dim > 0 ? (dim + KC - 1) / KC : 1;
     }
     valid = s < end;
-    if (valid) open(pol);
+    if (valid) {
+      next = pol.ahead(s);
+      open(pol);
+    }
   }
   __device__ __forceinline__ void advance(const Policy& pol) {
     if constexpr (KC > 0) {

@@ -1,5 +1,8 @@
 // Indexing policies: for step s of a surface, which query rows and document rows it uses
 // and where its outputs go. One kernel family runs all three; a surface is only a policy.
+// A policy splits its index reads in two: ahead(s) issues the ones that depend only on s
+// (the kernel calls it one step early, so their latency hides behind the current step's
+// tiles) and step(s, ahead) does the rest.
 // Torch-free. All offsets are 64-bit; every index read is range-checked, and every
 // segment read from an offsets/ids tensor is checked against the tensor it indexes, so a
 // bad value yields a "bad" step (NaN score, argmax -1) instead of an out-of-bounds access.
@@ -79,11 +82,22 @@ struct PaddedPolicy {
   __host__ __device__ int64_t query_rows() const { return B * Lq; }
   __host__ __device__ int max_segments() const { return 1; }
 
-  __device__ __forceinline__ StepDesc step(int64_t s) const {
+  struct Ahead {
+    int64_t ql, dl;
+    bool okq, okd;
+  };
+  __device__ __forceinline__ Ahead ahead(int64_t s) const {
+    Ahead h;
+    h.ql = qlens.fetch(s / C, h.okq);
+    h.dl = dlens.fetch(s, h.okd);
+    return h;
+  }
+
+  __device__ __forceinline__ StepDesc step(int64_t s, const Ahead& h) const {
     StepDesc d;
     const int64_t b = s / C;
-    int64_t ql = 0, dl = 0;
-    const bool okq = qlens.get(b, ql), okd = dlens.get(s, dl);
+    const int64_t ql = h.ql, dl = h.dl;
+    const bool okq = h.okq, okd = h.okd;
     d.qkey = b;
     d.q_row0 = b * Lq;
     d.seg_stride = Lq > 0 ? Lq : 1;
@@ -117,7 +131,10 @@ struct ContrastivePolicy {
     return qlens.get(q, v) ? clamp64(v, 0, Lq) : 0;
   }
 
-  __device__ __forceinline__ StepDesc step(int64_t s) const {
+  struct Ahead {};  // the offsets read depends on the grouped order: nothing to split off
+  __device__ __forceinline__ Ahead ahead(int64_t) const { return {}; }
+
+  __device__ __forceinline__ StepDesc step(int64_t s, const Ahead&) const {
     StepDesc d;
     int64_t qb, n;
     order.map(s, qb, n);
@@ -151,10 +168,25 @@ struct PackedPolicy {
   __host__ __device__ int64_t query_rows() const { return Tq; }
   __host__ __device__ int max_segments() const { return 1; }
 
-  __device__ __forceinline__ StepDesc step(int64_t p) const {
+  // the pair's ids: read one step early, so only the offsets read stays on the step's path
+  struct Ahead {
+    int64_t qid, did;
+    bool ok;
+  };
+  __device__ __forceinline__ Ahead ahead(int64_t p) const {
+    Ahead h;
+    bool okq, okd;
+    h.qid = pqids.fetch(p, okq);
+    h.did = pdids.fetch(p, okd);
+    h.ok = okq && okd;
+    return h;
+  }
+
+  __device__ __forceinline__ StepDesc step(int64_t p, const Ahead& h) const {
     StepDesc d;
-    int64_t qid = -1, did = -1, q0 = 0, ql = 0, d0 = 0, dl = 0;
-    bool ok = pqids.get(p, qid) && pdids.get(p, did);
+    const int64_t qid = h.qid, did = h.did;
+    int64_t q0 = 0, ql = 0, d0 = 0, dl = 0;
+    bool ok = h.ok;
     ok = ok && segment(qoffs, qid, Nq, Tq, q0, ql);
     ok = ok && segment(doffs, did, Nd, Td, d0, dl);
     d.qkey = ok ? qid : -1;
