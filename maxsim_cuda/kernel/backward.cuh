@@ -212,8 +212,7 @@ __global__ void __launch_bounds__(kQWarps * 32, 4) grad_queries_kernel(const Bwd
   }
 }
 
-constexpr int kDThreads = 128;  // 4 warps; a pass covers 32 lanes x one 8-byte vector of columns
-constexpr int kDWarps = kDThreads / 32;
+constexpr int kDThreads = 128;  // one column per thread per D chunk
 // Document rows owned by one CTA pass (the host picks R <= kDRows per launch). Each CTA
 // rescans all of its document's entries, so R trades scan work (small R, many CTAs) against
 // the serial adds of one CTA's hits (large R): small batches want R = 16, big ones 64.
@@ -226,11 +225,11 @@ struct GradDSmem {
   Acc hit_w[kDThreads];
   int64_t hit_row[kDThreads];
   int hit_j[kDThreads];
-  int count[kDWarps][kDWarps];  // [scanning warp][owner warp]: hits of one batch
+  int wcount[kDThreads / 32];
 };
 
 template <int SURF, class T, class Acc>
-__global__ void __launch_bounds__(kDThreads, 4) grad_documents_kernel(const BwdArgs<T, Acc> a) {
+__global__ void __launch_bounds__(kDThreads) grad_documents_kernel(const BwdArgs<T, Acc> a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<GradDSmem<Acc>*>(smem_raw);
   const int t = threadIdx.x, lane = t % 32, warp = t / 32;
@@ -259,16 +258,12 @@ __global__ void __launch_bounds__(kDThreads, 4) grad_documents_kernel(const BwdA
     }
   }
 
-  using V = RowVec<T, Acc>;
-  // columns per pass: lane l holds [l * N, l * N + N), kept at acc[j][k * 32 + l] so the
-  // 32 lanes' read-modify-writes of one k hit 32 different banks
-  constexpr int kCols = 32 * V::N;
-  const bool vec_ok = (a.dim * int64_t(sizeof(T))) % 8 == 0 && (reinterpret_cast<uintptr_t>(a.q) & 7) == 0;
   const int R = a.rows_per_cta;
   for (int64_t j0 = int64_t(blockIdx.y) * R; j0 < rows_total; j0 += int64_t(gridDim.y) * R) {
-    for (int64_t d0 = 0; d0 < a.dim; d0 += kCols) {
-      const int64_t e = d0 + int64_t(lane) * V::N;
-      for (int c = t; c < R * kCols; c += kDThreads) sm.acc[c / kCols][c % kCols] = Acc(0);
+    for (int64_t d0 = 0; d0 < a.dim; d0 += kDThreads) {
+      const int64_t e = d0 + t;
+#pragma unroll 8
+      for (int j = 0; j < R; ++j) sm.acc[j][t] = Acc(0);
       for (int64_t base = 0; base < nentries; base += kDThreads) {
         // evaluate entry k = base + t
         const int64_t k = base + t;
@@ -309,75 +304,39 @@ __global__ void __launch_bounds__(kDThreads, 4) grad_documents_kernel(const BwdA
             }
           }
         }
-        // Compact the hits into one list per owner warp (warp w owns the local rows j with
-        // j % kDWarps == w), each list in entry order = increasing (pair, i).
-        const int owner = jl % kDWarps;
-        unsigned bal[kDWarps];
-#pragma unroll
-        for (int c = 0; c < kDWarps; ++c) {
-          bal[c] = __ballot_sync(0xffffffffu, hit && owner == c);
-          if (lane == c) sm.count[warp][c] = __popc(bal[c]);
-        }
+        const unsigned bal = __ballot_sync(0xffffffffu, hit);
+        if (lane == 0) sm.wcount[warp] = __popc(bal);
         __syncthreads();
-        int list_start[kDWarps + 1];
-        list_start[0] = 0;
+        int off = 0, total = 0;
 #pragma unroll
-        for (int c = 0; c < kDWarps; ++c) {
-          int n = 0;
-#pragma unroll
-          for (int ww = 0; ww < kDWarps; ++ww) n += sm.count[ww][c];
-          list_start[c + 1] = list_start[c] + n;
+        for (int ww = 0; ww < kDThreads / 32; ++ww) {
+          off += ww < warp ? sm.wcount[ww] : 0;
+          total += sm.wcount[ww];
         }
         if (hit) {
-          int pos = 0;
-#pragma unroll
-          for (int c = 0; c < kDWarps; ++c) {
-            if (c == owner) {
-              pos = list_start[c];
-#pragma unroll
-              for (int ww = 0; ww < kDWarps; ++ww) pos += ww < warp ? sm.count[ww][c] : 0;
-              pos += __popc(bal[c] & ((1u << lane) - 1u));
-            }
-          }
+          const int pos = off + __popc(bal & ((1u << lane) - 1u));
           sm.hit_j[pos] = jl;
           sm.hit_row[pos] = qrow;
           sm.hit_w[pos] = w;
         }
         __syncthreads();
-        // One writer per row, a fixed order, no atomics: warp w adds its list in order.
-        int my_start = 0, my_end = 0;
+        if (e < a.dim) {
+          int h = 0;
+          for (; h + kDInFlight <= total; h += kDInFlight) {  // gathers in flight, then adds in order
+            Acc x[kDInFlight];
 #pragma unroll
-        for (int c = 0; c < kDWarps; ++c) {
-          if (c == warp) {
-            my_start = list_start[c];
-            my_end = list_start[c + 1];
+            for (int u = 0; u < kDInFlight; ++u) x[u] = to_acc<Acc>(a.q[sm.hit_row[h + u] * a.dim + e]);
+#pragma unroll
+            for (int u = 0; u < kDInFlight; ++u) sm.acc[sm.hit_j[h + u]][t] += sm.hit_w[h + u] * x[u];
           }
-        }
-        for (int h = my_start; h < my_end; h += kDInFlight) {
-          V x[kDInFlight];
-#pragma unroll
-          for (int u = 0; u < kDInFlight; ++u) {
-            if (h + u < my_end) x[u].load(a.q + sm.hit_row[h + u] * a.dim, e, a.dim, vec_ok);
-          }
-#pragma unroll
-          for (int u = 0; u < kDInFlight; ++u) {
-            if (h + u >= my_end) break;
-            const Acc wt = sm.hit_w[h + u];
-            Acc* dst = &sm.acc[sm.hit_j[h + u]][lane];
-#pragma unroll
-            for (int k = 0; k < V::N; ++k) dst[k * 32] += wt * x[u].x[k];
-          }
+          for (; h < total; ++h) sm.acc[sm.hit_j[h]][t] += sm.hit_w[h] * to_acc<Acc>(a.q[sm.hit_row[h] * a.dim + e]);
         }
         __syncthreads();
       }
-      const int64_t nrows = rows_total - j0 < R ? rows_total - j0 : R;
-      for (int j = warp; j < nrows; j += kDWarps) {
-        T* out = a.grad_d + (row0 + j0 + j) * a.dim;
-#pragma unroll
-        for (int k = 0; k < V::N; ++k)
-          if (e + k < a.dim) out[e + k] = from_acc<T, Acc>(sm.acc[j][k * 32 + lane]);
+      if (e < a.dim) {
+        const int64_t nrows = rows_total - j0 < R ? rows_total - j0 : R;
+        for (int j = 0; j < nrows; ++j) a.grad_d[(row0 + j0 + j) * a.dim + e] = from_acc<T, Acc>(sm.acc[j][t]);
       }
-      __syncthreads();  // the accumulators are re-zeroed by the next pass
     }
   }
 }
