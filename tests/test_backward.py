@@ -109,6 +109,25 @@ def test_backward_through_inference_call_raises(device, surface, rng):
 
 
 @pytest.mark.parametrize("surface", SURFACES)
+def test_graph_only_when_grad_can_flow(device, surface, rng):
+    """Under no_grad, or with no input requiring grad, no autograd node is recorded (the
+    inference fast path); with grad enabled and an input requiring it, `_train` records one."""
+    ms, dev = device
+    case = make_case(surface, rng, device=dev)
+    q = case.queries.clone().requires_grad_()
+    live = case.with_qd(q, case.documents)
+    with torch.no_grad():
+        for form in ("", "_with_argmax", "_train"):
+            out = live.call(ms, form)
+            assert (out[0] if form == "_with_argmax" else out).grad_fn is None
+    assert case.call(ms, "_train").grad_fn is None
+    scores = live.call(ms, "_train")
+    assert scores.grad_fn is not None and scores.requires_grad
+    expected = case.call(ms)
+    assert torch.equal(scores.detach(), expected)
+
+
+@pytest.mark.parametrize("surface", SURFACES)
 def test_padding_and_unmatched_rows_get_exactly_zero(device, surface, rng):
     ms, dev = device
     case = make_case(surface, rng, n=4, Lq=10, Ld=50, D=16, device=dev)

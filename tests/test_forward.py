@@ -5,7 +5,7 @@ import torch
 from conftest import (
     FLOAT_DTYPES, INDEX_DTYPES, REF, SURFACES, Contrastive, assert_argmax, assert_scores, lattice,
     make_case, make_contrastive, make_packed, make_padded, padded_as_packed, poison_allocator,
-    rand_lengths, skip_float64_unsupported, unit,
+    rand_lengths, run_train, skip_float64_unsupported, unit,
 )
 
 DIMS = (1, 3, 64, 96, 100, 128, 256, 300, 520)  # > 256: the K-chunked tensor-core path on CUDA
@@ -166,6 +166,39 @@ def test_non_contiguous_inputs(device, surface, rng):
     for form in FORMS:
         out = view.call(ms, form)
         assert_scores(out[0] if form == "_with_argmax" else out, case, expected)
+
+
+def one_element_in(t: torch.Tensor) -> torch.Tensor:
+    """The same values, contiguous, starting one element into a NaN-filled buffer: a base
+    address aligned to the element size only (the vector-load paths must notice)."""
+    buf = torch.full((t.numel() + 1,), float("nan"), dtype=t.dtype, device=t.device)
+    view = buf[1:].view(t.shape)
+    view.copy_(t)
+    return view
+
+
+@pytest.mark.parametrize("dim", (64, 130, 33, 300), ids=lambda d: f"D{d}")
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16, torch.float32), ids=str)
+@pytest.mark.parametrize("surface", SURFACES)
+def test_element_aligned_bases(device, surface, dtype, dim, rng):
+    """Queries and documents that start one element past an aligned address give the same
+    scores, argmax and gradients, bit for bit, as aligned copies of the same values."""
+    ms, dev = device
+    case = make_case(surface, rng, n=3, Lq=9, Ld=40, D=dim, dtype=dtype, device=dev)
+    shifted = case.with_qd(one_element_in(case.queries), one_element_in(case.documents))
+    assert shifted.queries.data_ptr() % 16 != 0 and shifted.queries.is_contiguous()
+    aligned_scores, aligned_argmax = case.call(ms, "_with_argmax")
+    assert_scores(aligned_scores, case)
+    scores, argmax = shifted.call(ms, "_with_argmax")
+    assert torch.equal(scores, aligned_scores)
+    assert torch.equal(argmax, aligned_argmax)
+    g = unit(rng, *case.score_shape).to(dev)
+    _, gq, gd = run_train(ms, case, g)
+    q = one_element_in(case.queries).requires_grad_()  # no clone: that would realign
+    d = one_element_in(case.documents).requires_grad_()
+    assert q.data_ptr() % 16 != 0
+    shifted.with_qd(q, d).call(ms, "_train").backward(g)
+    assert torch.equal(q.grad, gq) and torch.equal(d.grad, gd)
 
 
 def test_transposed_documents(device, rng):
