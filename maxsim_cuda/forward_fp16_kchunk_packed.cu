@@ -1,5 +1,5 @@
 // Forward instantiation: fp16 inputs, packed surface, K-streaming tensor-core mainloop (dim > 256).
-#include "kernel/forward_kernel.cuh"
+#include "kernel/forward_configs.cuh"
 
 namespace maxsim_cuda {
 namespace kernel {

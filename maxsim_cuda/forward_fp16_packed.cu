@@ -1,5 +1,5 @@
 // Forward instantiation: fp16 inputs, packed surface, tensor-core mainloop.
-#include "kernel/forward_kernel.cuh"
+#include "kernel/forward_configs.cuh"
 
 namespace maxsim_cuda {
 namespace kernel {

@@ -1,5 +1,5 @@
 // Forward instantiation: float32 inputs (SIMT FFMA mainloop, float32 accumulation).
-#include "kernel/forward_kernel.cuh"
+#include "kernel/forward_configs.cuh"
 
 namespace maxsim_cuda {
 namespace kernel {

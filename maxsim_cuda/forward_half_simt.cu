@@ -1,5 +1,5 @@
 // Forward instantiation: fp16/bf16 inputs with dim > 256 (SIMT mainloop, float32 accumulation).
-#include "kernel/forward_kernel.cuh"
+#include "kernel/forward_configs.cuh"
 
 namespace maxsim_cuda {
 namespace kernel {

@@ -70,8 +70,8 @@ int num_sms() {
 
 // Tuning knobs for device experiments (read once; unset = the tuned defaults):
 // MAXSIM_CUDA_CONTRASTIVE_CFG=0|2 (contrastive block shape), MAXSIM_CUDA_RERANK_CFG=0|1
-// (padded/packed block shape for short queries). See kernel/forward_kernel.cuh. Every
-// setting computes the same results; tools/device/tune.sh checks and times them.
+// (padded/packed block shape for short queries). See kernel/forward_configs.cuh. Every
+// setting computes the same results; see maxsim_cuda/NOTES.md for checking and timing one.
 int env_knob(const char* name) {
   const char* e = std::getenv(name);
   return e ? std::atoi(e) : -1;

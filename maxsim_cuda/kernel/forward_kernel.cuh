@@ -3,7 +3,7 @@
 // (step -> M-chunk of the query block -> document tile); the producer runs kStages-1
 // tiles ahead across step boundaries, the consumer reloads the query fragments only when
 // the query block (or M-chunk) changes and runs the epilogue after the last tile of each
-// (step, chunk). Torch-free; included by the per-dtype/per-surface .cu files.
+// (step, chunk). Block shapes and the choice among them: forward_configs.cuh. Torch-free.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,7 +13,9 @@
 
 #include "../launch.h"
 #include "epilogue.cuh"
-#include "mainloop.cuh"
+#include "mainloop_mma.cuh"
+#include "mainloop_mma_k.cuh"
+#include "mainloop_simt.cuh"
 #include "policies.cuh"
 #include "scheduler.cuh"
 
@@ -293,155 +295,6 @@ cudaError_t run_surface(const ForwardParams& p) {
   } else {
     return run_forward<ML>(make_packed(p), a, p.num_sms, p.stream);
   }
-}
-
-// Tensor-core configs: <KD, BM> -> warp layout. KD=256 uses 32-row document tiles so every
-// config stays at 64 KB of pipeline (fits sm_86/sm_89's 99 KB, 3 CTAs/SM on sm_90).
-template <class T, int KD, int BM>
-struct MmaConfig;
-// Rerank shapes are HBM-bound: registers are capped so 3 (BM=32) / 2 (BM=64) CTAs fit per
-// SM, keeping 3 x 3 (2 x 3) document tiles in flight (KD=256 would spill: no cap).
-// RerankWide (KD <= 128, long documents): 8 warps (2 x 4, each 16 rows x 16 columns),
-// 6 stages, 2 CTAs/SM: more warps to hide latency and 2 x 5 tiles in flight.
-template <class T, int KD>
-struct MmaConfig<T, KD, 32> { using type = MmaMainloop<T, KD, 32, (KD > 128 ? 32 : 64), 2, 2, 4, (KD > 128 ? 1 : 3)>; };
-template <class T, int KD>
-struct RerankWide { using type = MmaMainloop<T, KD, 32, 64, 2, 4, 6, 2>; };
-template <class T, int KD>
-struct MmaConfig<T, KD, 64> { using type = MmaMainloop<T, KD, 64, (KD > 128 ? 32 : 64), 4, 2, 4, (KD > 128 ? 1 : 2)>; };
-template <class T, int KD>
-struct MmaConfig<T, KD, 128> {
-  using type = typename std::conditional<(KD > 128), MmaMainloop<T, KD, 128, 32, 8, 1, 4>,
-                                         MmaMainloop<T, KD, 128, 64, 4, 1, 4>>::type;
-};
-
-// Contrastive (tensor-core bound) block shape for KD <= 128 once there are >= 256 stacked
-// query rows: 256 rows, 8 warps x 32 rows (each document tile feeds twice the rows of the
-// 128-row shape; measured 3-8% faster on the contrastive workloads). (An 8 warps x 16 rows,
-// 2 CTAs/SM shape was tried too: slower, and it spills at 128 registers.)
-template <class T, int KD>
-struct ContrastiveWide { using type = MmaMainloop<T, KD, 256, 64, 8, 1, 4>; };
-
-// Explicitly instantiated per (dtype, surface) in forward_<dtype>_<surface>.cu.
-template <class T, int SURF>
-cudaError_t launch_forward_mma(const ForwardParams& p) {
-  const int bm = pick_bm(p);
-  const int kd = p.dim <= 64 ? 64 : (p.dim <= 128 ? 128 : 256);
-  if constexpr (SURF != 1) {
-    // RerankWide measured faster for long documents (ColPali pages, ~7%), the 4-warp shape
-    // for short ones (Ld 180-256, ~10%) on an H200; average document length decides.
-    const int64_t avg_doc = SURF == 0 ? p.ld : (p.num_docs > 0 ? p.d_rows / p.num_docs : 0);
-    const bool wide = p.rerank_variant >= 0 ? p.rerank_variant != 0 : avg_doc >= 512;
-    if (bm == 32 && kd <= 128 && wide) {
-      return kd == 64 ? run_surface<typename RerankWide<T, 64>::type, SURF>(p)
-                      : run_surface<typename RerankWide<T, 128>::type, SURF>(p);
-    }
-  }
-  if constexpr (SURF == 1) {
-    // knob: 0 = 128-row blocks, anything else = 256-row blocks; default: 256 rows once
-    // there are 256 stacked query rows to fill them
-    const bool wide = p.variant >= 0 ? p.variant != 0 : p.num_queries * p.lq >= 256;
-    if (bm == 128 && kd <= 128 && wide) {
-      return kd == 64 ? run_surface<typename ContrastiveWide<T, 64>::type, SURF>(p)
-                      : run_surface<typename ContrastiveWide<T, 128>::type, SURF>(p);
-    }
-  }
-#define MAXSIM_MMA_CASE(KD_, BM_) \
-  if (kd == KD_ && bm == BM_) return run_surface<typename MmaConfig<T, KD_, BM_>::type, SURF>(p);
-  MAXSIM_MMA_CASE(64, 32) MAXSIM_MMA_CASE(64, 64) MAXSIM_MMA_CASE(64, 128)
-  MAXSIM_MMA_CASE(128, 32) MAXSIM_MMA_CASE(128, 64) MAXSIM_MMA_CASE(128, 128)
-  MAXSIM_MMA_CASE(256, 32) MAXSIM_MMA_CASE(256, 64) MAXSIM_MMA_CASE(256, 128)
-#undef MAXSIM_MMA_CASE
-  return cudaErrorInvalidValue;
-}
-
-// K-streaming tensor-core configs (fp16/bf16, dim > 256; any dim works): 64-column
-// K-chunks of a document tile plus the query block's chunk per stage.
-//   BM=32:  4 warps (2 x 2, 16 rows x 32 cols each), 64-row tiles, 6 stages (72 KB), 3 CTAs/SM
-//   BM=64:  8 warps (4 x 2), 4 stages (64 KB), 2 CTAs/SM
-//   BM=128 padded/packed: 8 warps (4 x 2, 32 x 32 each), 4 stages (96 KB), 2 CTAs/SM on sm_90
-//   BM=128 contrastive: 128-row document tiles, 8 warps (4 x 2, 32 x 64 each), 4 stages
-//     (128 KB), 1 CTA/SM, no register cap (the 2-CTA shape spills at 128 registers).
-// H200, bf16 Nq=64 Lq=32 Nb=512 Ld=128: 0.97 / 1.70 ms at D=512 / 1024 against 1.11 / 2.04
-// for the 2-CTA 128x64 shape. The BM=32 rerank shape beat an 8-warp and a 128-column-chunk
-// variant at D=512..1024 (fp16 B=32 C=50 Lq=32 Ld=180).
-template <class T, int BM>
-struct MmaKConfig;
-template <class T>
-struct MmaKConfig<T, 32> { using type = MmaKMainloop<T, 32, 64, 2, 2, 64, 6, 3>; };
-template <class T>
-struct MmaKConfig<T, 64> { using type = MmaKMainloop<T, 64, 64, 4, 2, 64, 4, 2>; };
-template <class T>
-struct MmaKConfig<T, 128> { using type = MmaKMainloop<T, 128, 64, 4, 2, 64, 4, 2>; };
-template <class T>
-struct MmaKContrastive { using type = MmaKMainloop<T, 128, 128, 4, 2, 64, 4, 1>; };
-// BM=128 when the device allows less than ~100 KB of shared memory per block (sm_86/sm_89
-// give 99 KB; the two BM=128 shapes above need 100 / 131 KB): 3 stages, 76 KB.
-template <class T>
-struct MmaKSmall { using type = MmaKMainloop<T, 128, 64, 4, 2, 64, 3, 2>; };
-
-// Largest dynamic shared memory a block may opt into on the current device (cached).
-inline size_t max_smem_optin() {
-  static int cache[64] = {0};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 48 * 1024;
-  int& c = cache[dev & 63];
-  if (c == 0) {
-    int v = 0;
-    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess || v <= 0) {
-      v = 48 * 1024;
-    }
-    c = v;
-  }
-  return static_cast<size_t>(c);
-}
-template <class ML>
-bool smem_fits() {
-  return FwdSmem<ML, PaddedPolicy>::bytes() <= max_smem_optin();
-}
-// Alternatives behind the experiment knobs: MAXSIM_CUDA_RERANK_CFG=1|2 (padded/packed, BM=32),
-// MAXSIM_CUDA_CONTRASTIVE_CFG=0 (contrastive BM=128 on the 2-CTA 128x64 shape).
-template <class T>
-struct MmaKRerankWide { using type = MmaKMainloop<T, 32, 64, 2, 4, 64, 6, 2>; };   // 8 warps
-template <class T>
-struct MmaKRerankK128 { using type = MmaKMainloop<T, 32, 64, 2, 2, 128, 4, 2>; };  // 128-col chunks
-
-// Explicitly instantiated per (dtype, surface) in forward_<dtype>_kchunk_<surface>.cu.
-template <class T, int SURF>
-cudaError_t launch_forward_mma_k(const ForwardParams& p) {
-  const int bm = pick_bm(p);
-  if (bm == 32) {
-    if constexpr (SURF != 1) {
-      if (p.rerank_variant == 1) return run_surface<typename MmaKRerankWide<T>::type, SURF>(p);
-      if (p.rerank_variant == 2) return run_surface<typename MmaKRerankK128<T>::type, SURF>(p);
-    }
-    return run_surface<typename MmaKConfig<T, 32>::type, SURF>(p);
-  }
-  if (bm == 64) return run_surface<typename MmaKConfig<T, 64>::type, SURF>(p);
-  if constexpr (SURF == 1) {
-    using C = typename MmaKContrastive<T>::type;
-    if (p.variant != 0 && smem_fits<C>()) return run_surface<C, SURF>(p);
-  }
-  using Big = typename MmaKConfig<T, 128>::type;
-  if (smem_fits<Big>()) return run_surface<Big, SURF>(p);
-  return run_surface<typename MmaKSmall<T>::type, SURF>(p);
-}
-
-template <class ML>
-cudaError_t run_any_surface(const ForwardParams& p) {
-  switch (p.surface) {
-    case Surface::kPadded: return run_surface<ML, 0>(p);
-    case Surface::kContrastive: return run_surface<ML, 1>(p);
-    default: return run_surface<ML, 2>(p);
-  }
-}
-
-template <class T, class Acc>
-cudaError_t launch_forward_simt(const ForwardParams& p) {
-  const int bm = pick_bm(p);
-  if (bm == 32) return run_any_surface<SimtMainloop<T, Acc, 32>>(p);
-  if (bm == 64) return run_any_surface<SimtMainloop<T, Acc, 64>>(p);
-  return run_any_surface<SimtMainloop<T, Acc, 128>>(p);
 }
 
 }  // namespace kernel

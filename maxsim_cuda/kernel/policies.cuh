@@ -204,5 +204,20 @@ struct PackedPolicy {
   __device__ __forceinline__ int64_t seg_qlen(const StepDesc& d, int) const { return d.qlen0; }
 };
 
+// Which rows of the current (step, chunk) block hold real query rows.
+struct QueryRows {
+  const StepDesc* d;
+  const int64_t* seg_qlen;  // smem, valid when d->nseg > 1
+  int64_t chunk;
+  int bm;
+  __device__ __forceinline__ bool valid(int r) const {
+    const int64_t R = chunk * bm + r;
+    if (d->nseg == 1) return R < d->qlen0;
+    const int64_t s = R / d->seg_stride;
+    return s < d->nseg && (R - s * d->seg_stride) < seg_qlen[s];
+  }
+  __device__ __forceinline__ int64_t global_row(int r) const { return d->q_row0 + chunk * bm + r; }
+};
+
 }  // namespace kernel
 }  // namespace maxsim_cuda

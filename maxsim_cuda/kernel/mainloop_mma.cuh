@@ -1,0 +1,222 @@
+// MmaMainloop (fp16/bf16, dim <= KD <= 256): the query block lives in registers as
+// mma.sync A fragments; document tiles [BN x KD] arrive in a multi-stage cp.async ring
+// in shared memory (16-byte chunks XOR-swizzled by row, so ldmatrix is conflict-free),
+// B fragments come from ldmatrix, S = Q D^T accumulates in fp32 and only updates the
+// per-row running max/argmax; the [Lq, Ld] matrix never leaves registers.
+// Warp (wm, wn) owns query rows [wm*MT*16, +MT*16) and tile columns [wn*BN/WN, +BN/WN).
+// Also the warp-level pieces both tensor-core mainloops share (MmaRowMax, mma_kstep).
+// Torch-free.
+#pragma once
+
+#include <cstdint>
+
+#include "epilogue.cuh"
+#include "policies.cuh"
+#include "primitives.cuh"
+#include "tile_load.cuh"
+
+namespace maxsim_cuda {
+namespace kernel {
+
+// Running (max, argmax) of the query rows a warp holds in mma.sync m16n8 accumulator
+// layout (rows (mt, h), columns nt*8 + 2*(lane%4) + e of the warp's slice): the part of the
+// epilogue both tensor-core mainloops share.
+template <int MT, int NT, int NTW, int WN, int BN>
+struct MmaRowMax {
+  float m[MT * 2];
+  int idx[MT * 2];
+
+  __device__ __forceinline__ void reset() {
+#pragma unroll
+    for (int k = 0; k < MT * 2; ++k) {
+      m[k] = neg_inf<float>();
+      idx[k] = kNoIndex;
+    }
+  }
+
+  // Fold one [rows x BN] accumulator tile in; columns >= cols_valid are masked. Full tiles
+  // (all but a segment's last) take the unmasked path: no per-element select.
+  __device__ __forceinline__ void fold(const float (&acc)[MT][NT][4], int lane, int wn, int cols_valid,
+                                       int col_base) {
+    if (cols_valid >= BN) {
+      fold_masked<false>(acc, lane, wn, cols_valid, col_base);
+    } else {
+      fold_masked<true>(acc, lane, wn, cols_valid, col_base);
+    }
+  }
+
+  template <bool MASK>
+  __device__ __forceinline__ void fold_masked(const float (&acc)[MT][NT][4], int lane, int wn, int cols_valid,
+                                              int col_base) {
+    const int t4 = lane % 4;
+    int col[NT * 2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) col[nt * 2 + e] = nt * 8 + e;
+    const int cbase = col_base + wn * NTW + 2 * t4;  // this thread's first column
+    const int lim = cols_valid - (wn * NTW + 2 * t4);  // local columns below lim are valid
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float v[NT * 2];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float x = acc[mt][nt][2 * h + e];
+            v[nt * 2 + e] = (!MASK || col[nt * 2 + e] < lim) ? x : neg_inf<float>();
+          }
+        fold_tile(m[mt * 2 + h], idx[mt * 2 + h], v, col, cbase);
+      }
+  }
+
+  // Quad shuffle, then one partial per (row, wn) into shared memory.
+  __device__ __forceinline__ void reduce(float* red_m, int* red_i, int lane, int wm, int wn) {
+    const int g = lane / 4, t4 = lane % 4;
+#pragma unroll
+    for (int k = 0; k < MT * 2; ++k) {
+      merge_shfl(m[k], idx[k], 1);
+      merge_shfl(m[k], idx[k], 2);
+    }
+    if (t4 == 0) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = (wm * MT + mt) * 16 + g + 8 * h;
+          red_m[row * WN + wn] = m[mt * 2 + h];
+          red_i[row * WN + wn] = idx[mt * 2 + h];
+        }
+    }
+  }
+};
+
+// Warp-level tensor-core steps both mma mainloops share: a warp owns an [MT*16 x NT*8]
+// fp32 accumulator tile in mma.sync m16n8 layout.
+template <int MT, int NT>
+__device__ __forceinline__ void zero_acc(float (&acc)[MT][NT][4]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+}
+
+// One 16-column k-step: B fragments by ldmatrix from the swizzled [* x COLS] document tile
+// at `base` (tile rows first_row .. first_row + NT*8), A fragments from a(mt).
+template <class T, int COLS, int MT, int NT, class AFrag>
+__device__ __forceinline__ void mma_kstep(float (&acc)[MT][NT][4], const AFrag& a, uint32_t base, int ks, int first_row,
+                                          int lane) {
+  const int kh = (lane >> 3) & 1;
+  const int nrow = (lane & 7) + ((lane >> 4) << 3);
+#pragma unroll
+  for (int np = 0; np < NT / 2; ++np) {
+    uint32_t b0, b1, b2, b3;
+    ldmatrix_x4(swizzled<T, COLS>(base, first_row + np * 16 + nrow, ks * 2 + kh), b0, b1, b2, b3);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      Mma16816<T>::run(acc[mt][2 * np], a(mt), b0, b1);
+      Mma16816<T>::run(acc[mt][2 * np + 1], a(mt), b2, b3);
+    }
+  }
+}
+
+template <class T, int KD_, int BM_, int BN_, int WM, int WN, int STAGES_, int MIN_BLOCKS_ = 1>
+struct MmaMainloop {
+  using Elem = T;
+  using Acc = float;
+  static constexpr bool kPipelined = true;
+  static constexpr int KD = KD_, BM = BM_, BN = BN_, kStages = STAGES_;
+  static constexpr int kWarps = WM * WN, kThreads = kWarps * 32, kMinBlocks = MIN_BLOCKS_;
+  static constexpr int MT = BM / (16 * WM);
+  static constexpr int NTW = BN / WN;  // columns per warp
+  static constexpr int NT = NTW / 8;
+  static constexpr int KS = KD / 16;
+  static constexpr int kSlots = WN;
+  static_assert(MT >= 1 && BM == MT * 16 * WM, "BM");
+  static_assert(NT % 2 == 0, "NT must be even (ldmatrix.x4 loads two n8 tiles)");
+
+  static constexpr size_t stage_bytes() { return size_t(BN) * KD * sizeof(T); }
+  static constexpr size_t smem_bytes() { return kStages * stage_bytes(); }
+
+  T* tiles;
+  int64_t dim;
+  int gran;  // elements per cp.async piece (copy_granularity)
+  int lane, wm, wn;
+  uint32_t qa[MT][KS][4];
+  MmaRowMax<MT, NT, NTW, WN, BN> row_max;
+
+  __device__ __forceinline__ void init(unsigned char* smem, int64_t dim_, const void* docs) {
+    tiles = reinterpret_cast<T*>(smem);
+    dim = dim_;
+    gran = copy_granularity<T>(dim, reinterpret_cast<uintptr_t>(docs));
+    const int warp = threadIdx.x / 32;
+    lane = threadIdx.x % 32;
+    wm = warp % WM;
+    wn = warp / WM;
+  }
+
+  // Producer: document rows [row0, row0 + rows) into stage `stage` (zero-filled beyond).
+  __device__ __forceinline__ void load_tile(int stage, const T* docs, int64_t row0, int rows) const {
+    load_swizzled<T, BN, KD, kThreads>(smem_addr(tiles + size_t(stage) * BN * KD), docs, row0, rows, 0, dim, gran);
+  }
+
+  // Query block rows of this chunk straight from global memory into A fragments. Each
+  // fragment register holds columns (k, k + 1), k even: one 4-byte load when dim is even
+  // and the base 4-byte aligned, else two 2-byte loads.
+  __device__ __forceinline__ void load_query(const T* queries, const QueryRows& qr) {
+    const int g = lane / 4, t4 = lane % 4;
+    const bool pairs = dim % 2 == 0 && (reinterpret_cast<uintptr_t>(queries) & 3) == 0;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const int r_lo = (wm * MT + mt) * 16 + g, r_hi = r_lo + 8;
+      const bool v_lo = qr.valid(r_lo), v_hi = qr.valid(r_hi);
+      const T* p_lo = queries + (v_lo ? qr.global_row(r_lo) * dim : 0);
+      const T* p_hi = queries + (v_hi ? qr.global_row(r_hi) * dim : 0);
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) {
+        uint32_t f[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const bool v = (q & 1) ? v_hi : v_lo;
+          const T* p = (q & 1) ? p_hi : p_lo;
+          const int64_t k = int64_t(ks) * 16 + 2 * t4 + ((q & 2) ? 8 : 0);
+          if (pairs) {
+            f[q] = (v && k < dim) ? __ldg(reinterpret_cast<const unsigned int*>(p + k)) : 0u;
+          } else {
+            const uint16_t e0 = (v && k < dim) ? ld_bits16(p + k) : uint16_t(0);
+            const uint16_t e1 = (v && k + 1 < dim) ? ld_bits16(p + k + 1) : uint16_t(0);
+            f[q] = e0 | (uint32_t(e1) << 16);
+          }
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) qa[mt][ks][q] = f[q];
+      }
+    }
+  }
+
+  __device__ __forceinline__ void reset() { row_max.reset(); }
+
+  // S = Q * tile^T on tensor cores, then fold into the running max (cols >= cols_valid masked).
+  __device__ __forceinline__ void compute(int stage, const T*, int64_t, int cols_valid, int col_base) {
+    float acc[MT][NT][4];
+    zero_acc(acc);
+    const uint32_t base = smem_addr(tiles + size_t(stage) * BN * KD);
+    // All KS k-steps run (columns past dim are zeros in both operands): no branch in the
+    // unrolled loop, so ldmatrix of step ks+1 can overlap the mma of step ks.
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+      const auto a = [&](int mt) -> const uint32_t(&)[4] { return qa[mt][ks]; };
+      mma_kstep<T, KD>(acc, a, base, ks, wn * NTW, lane);
+    }
+    row_max.fold(acc, lane, wn, cols_valid, col_base);
+  }
+
+  __device__ __forceinline__ void reduce(float* red_m, int* red_i) { row_max.reduce(red_m, red_i, lane, wm, wn); }
+};
+
+}  // namespace kernel
+}  // namespace maxsim_cuda
