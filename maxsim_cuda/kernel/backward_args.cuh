@@ -1,0 +1,45 @@
+// What both backward kernels read: the plain arguments and the per-surface query lengths.
+// Torch-free.
+#pragma once
+
+#include <cstdint>
+
+#include "policies.cuh"
+
+namespace maxsim_cuda {
+namespace kernel {
+
+template <class T, class Acc>
+struct BwdArgs {
+  const Acc* g;
+  const T* q;
+  const T* d;
+  const int32_t* argmax;
+  T* grad_q;
+  T* grad_d;
+  int64_t dim, W, pairs, q_rows, d_rows;
+  int64_t nq, nd, C, Lq, Ld;  // nq: B / Nq / Nq; nd: B*C / Nb / Nd
+  int rows_per_cta;           // R of grad_documents_kernel, <= kDRows
+  IndexView qlens, dlens, qoffs, doffs, pqids, pdids, pbq, qpo, pbd, dpo;
+};
+
+// ---------------- per-surface pair sources ----------------
+
+// Padded: query b has pairs c = 0..C-1 (p = b*C + c); document p has the single pair p.
+// Contrastive: query q has pairs n = 0..Nb-1 (p = q*Nb + n); document n has q = 0..Nq-1.
+// Packed: CSR lists.
+
+template <class T, class Acc>
+__device__ __forceinline__ int64_t query_len_padded(const BwdArgs<T, Acc>& a, int64_t b) {
+  int64_t v;
+  return a.qlens.get(b, v) ? clamp64(v, 0, a.Lq) : 0;
+}
+template <class T, class Acc>
+__device__ __forceinline__ int64_t query_len_contrastive(const BwdArgs<T, Acc>& a, int64_t q) {
+  if (!a.qlens.present()) return a.Lq;
+  int64_t v;
+  return a.qlens.get(q, v) ? clamp64(v, 0, a.Lq) : 0;
+}
+
+}  // namespace kernel
+}  // namespace maxsim_cuda

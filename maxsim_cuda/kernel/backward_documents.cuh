@@ -1,0 +1,145 @@
+// grad_documents: rows [j0, j0 + R) of one document are owned by one CTA; it scans the
+// document's (pair, i) entries in increasing (pair, i) order, compacts the ones whose argmax
+// falls in its rows (order-preserving ballot), and adds g_p * q_i into a float32 (float64
+// for double) shared-memory accumulator, one column per thread. Torch-free.
+#pragma once
+
+#include <cstdint>
+
+#include "backward_args.cuh"
+#include "primitives.cuh"
+
+namespace maxsim_cuda {
+namespace kernel {
+
+constexpr int kDThreads = 128;  // one column per thread per D chunk
+// Document rows owned by one CTA pass (the host picks R <= kDRows per launch). Each CTA
+// rescans all of its document's entries, so R trades scan work (small R, many CTAs) against
+// the serial adds of one CTA's hits (large R): small batches want R = 16, big ones 64.
+constexpr int kDRows = 64;
+constexpr int kDInFlight = 16;  // gathers issued before their adds
+
+template <class Acc>
+struct GradDSmem {
+  Acc acc[kDRows][kDThreads];
+  Acc hit_w[kDThreads];
+  int64_t hit_row[kDThreads];
+  int hit_j[kDThreads];
+  int wcount[kDThreads / 32];
+};
+
+template <int SURF, class T, class Acc>
+__global__ void __launch_bounds__(kDThreads) grad_documents_kernel(const BwdArgs<T, Acc> a) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  auto& sm = *reinterpret_cast<GradDSmem<Acc>*>(smem_raw);
+  const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+  const int64_t doc = blockIdx.x;
+
+  int64_t row0, rows_total, dlen, nentries, kp0 = 0;
+  if (SURF == 0) {
+    row0 = doc * a.Ld;
+    rows_total = a.Ld;
+    int64_t v;
+    dlen = a.dlens.get(doc, v) ? clamp64(v, 0, a.Ld) : 0;
+    nentries = a.Lq;
+  } else if (SURF == 1) {
+    if (!segment(a.doffs, doc, a.nd, a.d_rows, row0, dlen)) return;
+    rows_total = dlen;
+    nentries = a.nq * a.Lq;
+  } else {
+    if (!segment(a.doffs, doc, a.nd, a.d_rows, row0, dlen)) return;
+    rows_total = dlen;
+    int64_t kp1;
+    if (!a.dpo.get(doc, kp0) || !a.dpo.get(doc + 1, kp1) || kp0 < 0 || kp1 < kp0 || kp1 > a.pbd.size) {
+      kp0 = 0;
+      nentries = 0;
+    } else {
+      nentries = (kp1 - kp0) * a.W;
+    }
+  }
+
+  const int R = a.rows_per_cta;
+  for (int64_t j0 = int64_t(blockIdx.y) * R; j0 < rows_total; j0 += int64_t(gridDim.y) * R) {
+    for (int64_t d0 = 0; d0 < a.dim; d0 += kDThreads) {
+      const int64_t e = d0 + t;
+#pragma unroll 8
+      for (int j = 0; j < R; ++j) sm.acc[j][t] = Acc(0);
+      for (int64_t base = 0; base < nentries; base += kDThreads) {
+        // evaluate entry k = base + t
+        const int64_t k = base + t;
+        bool hit = false;
+        int jl = 0;
+        int64_t qrow = 0;
+        Acc w = Acc(0);
+        if (k < nentries) {
+          int64_t p = -1, i = 0, qlen = 0, qr0 = 0;
+          if (SURF == 0) {
+            p = doc;
+            i = k;
+            const int64_t b = doc / a.C;
+            qlen = query_len_padded(a, b);
+            qr0 = b * a.Lq;
+          } else if (SURF == 1) {
+            const int64_t q = k / a.Lq;
+            i = k - q * a.Lq;
+            p = q * a.nd + doc;
+            qlen = query_len_contrastive(a, q);
+            qr0 = q * a.Lq;
+          } else {
+            const int64_t kk = k / a.W;
+            i = k - kk * a.W;
+            int64_t pp, did, qid;
+            if (a.pbd.get(kp0 + kk, pp) && pp >= 0 && pp < a.pairs && a.pdids.get(pp, did) && did == doc &&
+                a.pqids.get(pp, qid) && segment(a.qoffs, qid, a.nq, a.q_rows, qr0, qlen)) {
+              p = pp;
+            }
+          }
+          if (p >= 0 && i < qlen) {
+            const int64_t am = __ldg(a.argmax + p * a.W + i);
+            if (am >= 0 && am < dlen && am >= j0 && am < j0 + R) {
+              hit = true;
+              jl = static_cast<int>(am - j0);
+              qrow = qr0 + i;
+              w = __ldg(a.g + p);
+            }
+          }
+        }
+        const unsigned bal = __ballot_sync(0xffffffffu, hit);
+        if (lane == 0) sm.wcount[warp] = __popc(bal);
+        __syncthreads();
+        int off = 0, total = 0;
+#pragma unroll
+        for (int ww = 0; ww < kDThreads / 32; ++ww) {
+          off += ww < warp ? sm.wcount[ww] : 0;
+          total += sm.wcount[ww];
+        }
+        if (hit) {
+          const int pos = off + __popc(bal & ((1u << lane) - 1u));
+          sm.hit_j[pos] = jl;
+          sm.hit_row[pos] = qrow;
+          sm.hit_w[pos] = w;
+        }
+        __syncthreads();
+        if (e < a.dim) {
+          int h = 0;
+          for (; h + kDInFlight <= total; h += kDInFlight) {  // gathers in flight, then adds in order
+            Acc x[kDInFlight];
+#pragma unroll
+            for (int u = 0; u < kDInFlight; ++u) x[u] = to_acc<Acc>(a.q[sm.hit_row[h + u] * a.dim + e]);
+#pragma unroll
+            for (int u = 0; u < kDInFlight; ++u) sm.acc[sm.hit_j[h + u]][t] += sm.hit_w[h + u] * x[u];
+          }
+          for (; h < total; ++h) sm.acc[sm.hit_j[h]][t] += sm.hit_w[h] * to_acc<Acc>(a.q[sm.hit_row[h] * a.dim + e]);
+        }
+        __syncthreads();
+      }
+      if (e < a.dim) {
+        const int64_t nrows = rows_total - j0 < R ? rows_total - j0 : R;
+        for (int j = 0; j < nrows; ++j) a.grad_d[(row0 + j0 + j) * a.dim + e] = from_acc<T, Acc>(sm.acc[j][t]);
+      }
+    }
+  }
+}
+
+}  // namespace kernel
+}  // namespace maxsim_cuda
