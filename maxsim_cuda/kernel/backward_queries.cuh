@@ -57,7 +57,6 @@ struct QuerySide {
 };
 
 constexpr int kQWarps = 4;  // warps (query rows) per CTA
-constexpr int kQVecs = 1;   // 8-byte vectors per lane per pass over D (a pass covers 256 / sizeof(T) columns)
 constexpr int kQUnroll = 8; // document rows gathered before their adds
 
 // Columns [e, e + 8 / sizeof(T)) of one row as Acc: one 8-byte load when the whole vector
@@ -115,15 +114,13 @@ __global__ void __launch_bounds__(kQWarps * 32, 4) grad_queries_kernel(const Bwd
   const QuerySide<SURF, T, Acc> src{a, qq, i, k0};
   T* out = a.grad_q + out_row * a.dim;
   using V = RowVec<T, Acc>;
-  constexpr int kPass = 32 * kQVecs * V::N;  // columns per pass
+  constexpr int kPass = 32 * V::N;  // columns per pass: lane l holds [e0 + l * N, + N)
   // 8-byte vectors need every row start 8-byte aligned
   const bool vec_ok = (a.dim * int64_t(sizeof(T))) % 8 == 0 && (reinterpret_cast<uintptr_t>(a.d) & 7) == 0;
   for (int64_t e0 = 0; e0 < a.dim; e0 += kPass) {
-    Acc acc[kQVecs][V::N];
+    Acc acc[V::N];
 #pragma unroll
-    for (int v = 0; v < kQVecs; ++v)
-#pragma unroll
-      for (int k = 0; k < V::N; ++k) acc[v][k] = Acc(0);
+    for (int k = 0; k < V::N; ++k) acc[k] = Acc(0);
     // 32 pairs at a time: lane l reads pair base + l's index data (all in flight at once),
     // then the warp walks the 32 in order, gathering each document row with vector loads.
     for (int64_t base = 0; live && base < npairs; base += 32) {
@@ -133,7 +130,7 @@ __global__ void __launch_bounds__(kQWarps * 32, 4) grad_queries_kernel(const Bwd
       const int n = npairs - base < 32 ? static_cast<int>(npairs - base) : 32;
       for (int u0 = 0; u0 < n; u0 += kQUnroll) {
         Acc w[kQUnroll];
-        V x[kQUnroll][kQVecs];
+        V x[kQUnroll];
 #pragma unroll
         for (int u = 0; u < kQUnroll; ++u) {
           w[u] = __shfl_sync(0xffffffffu, my_w, (u0 + u) & 31);
@@ -141,32 +138,24 @@ __global__ void __launch_bounds__(kQWarps * 32, 4) grad_queries_kernel(const Bwd
           const bool use = u0 + u < n && row >= 0;
           w[u] = use ? w[u] : Acc(0);
           const T* r = a.d + (use ? row : 0) * a.dim;
+          if (use) {
+            x[u].load(r, e0 + int64_t(lane) * V::N, a.dim, vec_ok);
+          } else {
 #pragma unroll
-          for (int v = 0; v < kQVecs; ++v) {
-            const int64_t e = e0 + (int64_t(v) * 32 + lane) * V::N;
-            if (use) {
-              x[u][v].load(r, e, a.dim, vec_ok);
-            } else {
-#pragma unroll
-              for (int k = 0; k < V::N; ++k) x[u][v].x[k] = Acc(0);
-            }
+            for (int k = 0; k < V::N; ++k) x[u].x[k] = Acc(0);
           }
         }
 #pragma unroll
         for (int u = 0; u < kQUnroll; ++u)
 #pragma unroll
-          for (int v = 0; v < kQVecs; ++v)
-#pragma unroll
-            for (int k = 0; k < V::N; ++k) acc[v][k] += w[u] * x[u][v].x[k];
+          for (int k = 0; k < V::N; ++k) acc[k] += w[u] * x[u].x[k];
       }
     }
 #pragma unroll
-    for (int v = 0; v < kQVecs; ++v)
-#pragma unroll
-      for (int k = 0; k < V::N; ++k) {
-        const int64_t e = e0 + (int64_t(v) * 32 + lane) * V::N + k;
-        if (e < a.dim) out[e] = from_acc<T, Acc>(acc[v][k]);
-      }
+    for (int k = 0; k < V::N; ++k) {
+      const int64_t e = e0 + int64_t(lane) * V::N + k;
+      if (e < a.dim) out[e] = from_acc<T, Acc>(acc[k]);
+    }
   }
 }
 
