@@ -131,7 +131,7 @@ def check_contrastive(ms, checks, rank, world, device, seed):
         checks.that((out.document_start, out.query_start, out.total_queries)
                     == (sum(doc_counts[:rank]), q0, sum(query_counts[:world])),
                     f"{what} starts/total {out[1:]}")
-        checks.close(out.scores, scores_all[mine], f"{what} scores", rtol=1e-6, scale=LQ)
+        checks.close(out.scores, scores_all[mine], f"{what} scores", rtol=1e-5, scale=LQ)
         reference = ms.score_contrastive_reference(
             q_all.detach().cpu().double(), d_all.detach().cpu().double(), off_all.cpu(),
             query_lengths=None if ql_all is None else ql_all.cpu())
