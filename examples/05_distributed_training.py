@@ -9,8 +9,8 @@ that encoded it (summed over ranks in rank order: the same result on every run).
 The loss below is written the way PyLate's `losses.Contrastive` is when
 `gather_across_devices=True` (sentence-transformers' `gather_across_devices` habit):
 same constructor arguments, same `forward(sentence_features, labels)`, labels shifted to
-where this rank's positives sit among the gathered documents, and the loss multiplied by
-the world size because DDP averages gradients over ranks. Where PyLate pads the gathered
+where this rank's positives sit among the gathered documents, and the local mean loss
+multiplied by the world size (DDP averages the gradients over the ranks). Where PyLate pads the gathered
 documents and scores them with a [.., Lq, Ld] similarity tensor, this one packs the
 tokens and lets maxsim score them without it. With pylate installed and a PyLate ColBERT
 model, its skiplist masks (punctuation tokens) are applied to the documents as PyLate

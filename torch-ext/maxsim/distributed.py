@@ -25,6 +25,9 @@ import torch.distributed as dist
 from . import _validate as check
 from ._api import score_contrastive, score_contrastive_train
 
+__all__ = ["GatheredDocuments", "GlobalScores", "SearchResult", "gather_documents",
+           "score_contrastive_train_global", "search_sharded"]
+
 # Codes exchanged between ranks so that mismatched inputs fail on every rank alike.
 _EMBEDDING_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -44,7 +47,10 @@ def _all_gather_equal(output: torch.Tensor, tensor: torch.Tensor, group) -> None
 
 def _exchange(values: list[int], device, group, world: int) -> torch.Tensor:
     """[world, len(values)] int64 on `device`: every rank's `values`."""
-    mine = torch.tensor(values, dtype=torch.int64, device=device)
+    mine = torch.tensor(values, dtype=torch.int64)
+    if device.type == "cuda":  # a blocking copy from pageable memory would wait for the GPU
+        mine = mine.pin_memory()
+    mine = mine.to(device, non_blocking=True)
     every = mine.new_empty(world * len(values))
     _all_gather_equal(every, mine, group)
     return every.view(world, len(values))
