@@ -73,11 +73,12 @@ CONTRASTIVE_CASES = [
     ("empty rank bf16 int32", torch.bfloat16, torch.int32, [2, 0, 3], [2, 3, 0], False),
     ("query_lengths fp16 int64", torch.float16, torch.int64, [1, 2, 2], [2, 1, 3], True),
     ("empty rank fp32 int32", torch.float32, torch.int32, [0, 4, 1], [1, 0, 2], True),
+    ("fp64", torch.float64, torch.int64, [2, 3, 1], [1, 2, 2], False),
 ]
 
 # Per element, relative to |expected| + the largest |expected|: each rank's partial gradient is
 # rounded to the input dtype before the ranks' sum is, so two roundings where one process has one.
-GRAD_RTOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+GRAD_RTOL = {torch.float64: 1e-12, torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
 def _contrastive_inputs(seed, world, dtype, doc_counts, query_counts, with_lengths):

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
 import distributed_worker
-from conftest import KERNEL_REPO, load_kernel, seed_for
+from conftest import KERNEL_REPO, REPO_ROOT, load_kernel, seed_for
 
 GROUPS = [("gloo", "cpu", 2), ("gloo", "cpu", 3), ("nccl", "cuda", 2), ("nccl", "cuda", 3)]
 
@@ -57,6 +59,19 @@ def test_matches_single_process(backend, kernel_backend, world, tmp_path, reques
     assert not failures, "\n".join(failures[:20])
     counts = [report["checks"] for report in reports]
     assert min(counts) > 50, counts  # every rank ran its cases
+
+
+@pytest.mark.parametrize("example", ["05_distributed_training.py", "06_sharded_search.py"])
+def test_example_under_torchrun(example, cpu_kernel, tmp_path):
+    """The examples as the docs launch them (2 CPU processes, gloo); each asserts its result."""
+    del cpu_kernel  # makes sure the build exists
+    env = dict(os.environ, LOCAL_KERNELS=f"maxsim/maxsim={KERNEL_REPO}", HF_HUB_OFFLINE="1",
+               HF_HOME=str(tmp_path / "hf"), CUDA_VISIBLE_DEVICES="")
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(REPO_ROOT / "examples" / example)],
+        env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
 
 
 # ---- one process, no process group: the helpers act as a single rank -------------------------
