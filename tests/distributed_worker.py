@@ -188,7 +188,7 @@ def check_gather(ms, checks, rank, world, device, seed):
 
 # (name, dtype, documents per shard, k values); cut to the world size
 SEARCH_CASES = [
-    ("fp32 empty shard", torch.float32, [5, 0, 3], (1, 4, 6, 20)),
+    ("fp32 empty shard", torch.float32, [5, 0, 3], (0, 1, 4, 6, 20)),
     ("bf16 uneven", torch.bfloat16, [2, 7, 1], (3, 9)),
 ]
 N_QUERIES = 4
@@ -250,6 +250,13 @@ def check_search(ms, checks, rank, world, device, seed):
                                 torch.equal(got.document_ids.cpu(), ids), f"{what} ids\n{got.document_ids}\n{ids}")
                     checks.that(torch.allclose(got.scores.cpu(), top, rtol=0, atol=0, equal_nan=True),
                                 f"{what} scores\n{got.scores}\n{top}")
+    if device.type == "cpu":  # ranks disagreeing on k: found (value checks run on CPU tensors)
+        try:
+            ms.search_sharded(queries, docs[rank].to(device),
+                              _offsets(lengths[rank], torch.int64).to(device), 1 + rank)
+            checks.that(False, "mismatched k did not raise")
+        except ValueError as e:
+            checks.that("k differs" in str(e), f"mismatched k message: {e}")
 
 
 # ---- entry point ----------------------------------------------------------------------------

@@ -210,6 +210,7 @@ def score_contrastive_train_global(queries: torch.Tensor, documents: torch.Tenso
 # the low 32. One int64 topk then ranks and breaks ties at once, and one int64 collective
 # moves both. NaN ranks above +inf (torch.sort and torch.topk rank it highest too), so a
 # broken document surfaces instead of hiding; all NaNs tie and go by id. -0.0 equals +0.0.
+# Global ids must stay below 2^32 (4 billion documents).
 
 _LOW_BITS = (1 << 32) - 1
 _PAD_KEY = torch.iinfo(torch.int64).min  # below every real key: a slot with no document
@@ -286,13 +287,14 @@ def search_sharded(queries: torch.Tensor, documents: torch.Tensor, document_offs
         if check.reads_values(queries):
             rows = sizes.tolist()
             for column, what in ((1, "the number of queries"), (2, "the embedding dim"),
-                                 (3, "the embedding dtype code"), (4, "k")):
+                                 (3, "the embedding dtype (index into float32, float16, "
+                                     "bfloat16)"), (4, "k")):
                 _check_same_everywhere(rows, column, what)
         document_start = sizes[:rank, 0].sum()
     ids = torch.arange(n_docs, device=device) + document_start
     local = _top_keys(_search_keys(scores, ids), k)
-    if world == 1:
-        return SearchResult(*_decode_keys(local))
+    if world == 1 or local.numel() == 0:  # (every rank has the same Nq and k)
+        return SearchResult(*_decode_keys(local)) if dst is None or rank == dst else None
 
     if dst is None:
         every = local.new_empty(world * n_queries, k)
