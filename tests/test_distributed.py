@@ -63,10 +63,13 @@ def test_matches_single_process(backend, kernel_backend, world, tmp_path, reques
 
 @pytest.mark.parametrize("example", ["05_distributed_training.py", "06_sharded_search.py"])
 def test_example_under_torchrun(example, cpu_kernel, tmp_path):
-    """The examples as the docs launch them (2 CPU processes, gloo); each asserts its result."""
+    """The examples as the docs launch them, with 2 processes: on 2 GPUs (NCCL) where there
+    are, else on the CPU (gloo); each example asserts its result."""
     del cpu_kernel  # makes sure the build exists
     env = dict(os.environ, LOCAL_KERNELS=f"maxsim/maxsim={KERNEL_REPO}", HF_HUB_OFFLINE="1",
-               HF_HOME=str(tmp_path / "hf"), CUDA_VISIBLE_DEVICES="")
+               HF_HOME=str(tmp_path / "hf"))
+    if torch.cuda.device_count() < 2:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # two processes must not share one GPU
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
          str(REPO_ROOT / "examples" / example)],
