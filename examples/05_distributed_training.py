@@ -53,7 +53,8 @@ class MaxSimContrastive(torch.nn.Module):
         embeddings = [F.normalize(self.model(f)["token_embeddings"], p=2, dim=-1)
                       for f in sentence_features]
         masks = [f["attention_mask"].bool() for f in sentence_features]
-        skiplist = getattr(self.model, "skiplist", getattr(getattr(self.model, "module", None), "skiplist", None))
+        model = getattr(self.model, "module", self.model)  # under DDP, the wrapped model
+        skiplist = getattr(model, "skiplist", None)
         if extract_skiplist_mask is not None and skiplist is not None:
             masks = extract_skiplist_mask(sentence_features, skiplist=skiplist)
         queries = embeddings[0]  # every query position counts (PyLate's query expansion)
@@ -70,8 +71,9 @@ class MaxSimContrastive(torch.nn.Module):
         targets = torch.arange(len(queries), device=queries.device) + first_positive
         loss = F.cross_entropy(scores / self.temperature, targets,
                                reduction="mean" if self.size_average else "sum")
+        self.accuracy = (scores.argmax(dim=1) == targets).float().mean().detach()  # for logging
         world = dist.get_world_size() if dist.is_initialized() else 1
-        return loss * world, scores, targets
+        return loss * world
 
 
 class TokenEncoder(torch.nn.Module):
@@ -126,20 +128,19 @@ def main():
 
     losses = []
     for step in range(60):
-        loss, scores, targets = loss_fn([anchor, positive])
+        loss = loss_fn([anchor, positive])
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
 
-        stats = torch.tensor([loss.item() / world, (scores.argmax(1) == targets).float().mean().item()],
-                             device=device)
+        stats = torch.stack([loss.detach() / world, loss_fn.accuracy])
         if distributed:
             dist.all_reduce(stats)
             stats /= world
         losses.append(stats[0].item())
         if rank == 0 and (step % 10 == 0 or step == 59):
-            print(f"step {step:2d}  loss {stats[0]:.3f}  accuracy among {scores.shape[1]} "
-                  f"documents {stats[1]:5.1%}")
+            print(f"step {step:2d}  loss {stats[0]:.3f}  accuracy among {world * N} documents "
+                  f"{stats[1]:5.1%}")
 
     if rank == 0:
         assert losses[-1] < 0.5 * losses[0], f"loss did not drop: {losses[0]:.3f} -> {losses[-1]:.3f}"
