@@ -129,3 +129,5 @@ def test_bad_arguments(cpu_kernel):
         ms.gather_documents(d, torch.tensor([0, 2, 4]))
     with pytest.raises(ValueError, match="embedding dim"):
         ms.score_contrastive_train_global(torch.randn(2, 3, 4), d, offsets)
+    with pytest.raises(ValueError, match="query_lengths"):
+        ms.score_contrastive_train_global(q, d, offsets, query_lengths=torch.tensor([1, 4]))

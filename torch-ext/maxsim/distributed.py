@@ -193,8 +193,11 @@ def score_contrastive_train_global(queries: torch.Tensor, documents: torch.Tenso
     check.embeddings("queries", queries, 3, "[Nq, Lq, D]")
     _check_documents(documents, document_offsets)
     check.same_dtype_and_dim(queries, documents)
-    if query_lengths is not None:
+    if query_lengths is not None:  # checked here too: an error after the gather would hang the others
         check.index("query_lengths", query_lengths, (queries.shape[0],))
+        check.same_device(("queries", "query_lengths"), queries, query_lengths)
+        check.lengths_in_range("query_lengths", query_lengths, queries.shape[1], "Lq",
+                               check.reads_values(queries))
     gathered, query_counts = _gather(documents, document_offsets, group, queries.shape[0])
     rank, _ = _rank_and_world(group)
     scores = score_contrastive_train(queries, gathered.documents, gathered.document_offsets,
