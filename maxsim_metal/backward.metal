@@ -44,7 +44,7 @@ inline int entry_hit(Policy<kSurface> pol, Owners own, long o, long row0, long n
 }
 
 template <typename T, int kSurface, bool kToQuery>
-kernel void maxsim_backward(constant MaxsimParams& prm [[buffer(0)]],
+kernel void maxsim_backward(constant MaxsimParams& params [[buffer(0)]],
                             device const T* queries [[buffer(1)]],
                             device const T* documents [[buffer(2)]],
                             device const float* grad_scores [[buffer(3)]],
@@ -60,13 +60,13 @@ kernel void maxsim_backward(constant MaxsimParams& prm [[buffer(0)]],
                             uint2 group [[threadgroup_position_in_grid]],
                             uint tid [[thread_index_in_threadgroup]]) {
   const long o = long(group.x);
-  if (o >= prm.num_owners) return;
-  const Policy<kSurface> pol = make_policy<kSurface>(prm, index0, index1, index2, index3);
-  const Owners own = make_owners<kSurface, kToQuery>(prm, index0, index1, index2, index3,
+  if (o >= params.num_owners) return;
+  const Policy<kSurface> pol = make_policy<kSurface>(params, index0, index1, index2, index3);
+  const Owners own = make_owners<kSurface, kToQuery>(params, index0, index1, index2, index3,
                                                      owner_pairs, owner_pair_offsets);
   long row0 = 0, nrows = 0;
   if (!own.rows(o, row0, nrows)) return;  // no rows: the output starts at zero there
-  const long width = prm.argmax_width, dim = prm.dim;
+  const long width = params.argmax_width, dim = params.dim;
   device const T* source = kToQuery ? documents : queries;
   const long entries = own.num_pairs(o) * (kToQuery ? long(kMaxsimGradRows) : width);
 
@@ -76,7 +76,7 @@ kernel void maxsim_backward(constant MaxsimParams& prm [[buffer(0)]],
   threadgroup float* hit_weight = smem + kHitWeight;
   threadgroup int* hit_row = reinterpret_cast<threadgroup int*>(smem + kHitRow);
 
-  for (long j0 = long(group.y) * kMaxsimGradRows; j0 < nrows; j0 += long(prm.grid_rows) * kMaxsimGradRows) {
+  for (long j0 = long(group.y) * kMaxsimGradRows; j0 < nrows; j0 += long(params.grid_rows) * kMaxsimGradRows) {
     const long rows_here = min(long(kMaxsimGradRows), nrows - j0);
     for (long c0 = 0; c0 < dim; c0 += kMaxsimGradColumns) {
       const long col = c0 + tid;
@@ -86,7 +86,7 @@ kernel void maxsim_backward(constant MaxsimParams& prm [[buffer(0)]],
         float weight = 0.0f;
         const long k = base + tid;
         const int j = k < entries ? entry_hit<kSurface, kToQuery>(pol, own, o, row0, nrows, j0, k, width,
-                                                                  prm.num_pairs, argmax, grad_scores, src, weight)
+                                                                  params.num_pairs, argmax, grad_scores, src, weight)
                                   : -1;
         hit_row[tid] = j;
         hit_src_lo[tid] = int(src & 0xffffffffL);

@@ -4,7 +4,7 @@
 // are staged through threadgroup memory as float, 32 embedding columns at a time, and
 // multiplied on 8x8 simdgroup matrices with float32 accumulation; the running row
 // maximum never leaves the simdgroup. Any dim (zero-filled to a multiple of 8), any query
-// length (chunks). Threadgroup memory layout: ForwardLayout in params.h.
+// length (chunks). Threadgroup memory layout: MaxsimForwardLayout in params.h.
 #include <metal_stdlib>
 
 #include "params.h"
@@ -14,7 +14,7 @@
 using namespace metal;
 
 template <typename T, int kSurface>
-kernel void maxsim_forward(constant MaxsimParams& prm [[buffer(0)]],
+kernel void maxsim_forward(constant MaxsimParams& params [[buffer(0)]],
                            device const T* queries [[buffer(1)]],
                            device const T* documents [[buffer(2)]],
                            device const int* index0 [[buffer(3)]],
@@ -29,15 +29,15 @@ kernel void maxsim_forward(constant MaxsimParams& prm [[buffer(0)]],
                            uint sg [[simdgroup_index_in_threadgroup]],
                            uint lane [[thread_index_in_simdgroup]]) {
   const long p = long(group);
-  if (p >= prm.num_pairs) return;
-  const Policy<kSurface> pol = make_policy<kSurface>(prm, index0, index1, index2, index3);
+  if (p >= params.num_pairs) return;
+  const Policy<kSurface> pol = make_policy<kSurface>(params, index0, index1, index2, index3);
   const PairSpec s = pol.pair(p);
-  const long width = prm.argmax_width, dim = prm.dim;
-  device int* arow = argmax + p * width;  // only touched when prm.with_argmax
+  const long width = params.argmax_width, dim = params.dim;
+  device int* arow = argmax + p * width;  // only touched when params.with_argmax
 
   if (!s.ok || s.qlen == 0 || s.dlen == 0) {
     if (tid == 0) scores[p] = !s.ok ? nan_value() : (s.qlen == 0 ? 0.0f : minus_infinity());
-    if (prm.with_argmax)
+    if (params.with_argmax)
       for (long i = tid; i < width; i += kMaxsimThreads) arow[i] = -1;
     return;
   }
@@ -92,7 +92,7 @@ kernel void maxsim_forward(constant MaxsimParams& prm [[buffer(0)]],
     const long row = sg * 8 + r;  // row within the chunk
     if (quarter == 0 && row < qrows) {
       row_max[row] = best.value;
-      if (prm.with_argmax && i0 + row < width) arow[i0 + row] = best.index;
+      if (params.with_argmax && i0 + row < width) arow[i0 + row] = best.index;
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
     if (tid == 0)
@@ -100,7 +100,7 @@ kernel void maxsim_forward(constant MaxsimParams& prm [[buffer(0)]],
     threadgroup_barrier(mem_flags::mem_threadgroup);  // row_max is rewritten by the next chunk
   }
   if (tid == 0) scores[p] = total;
-  if (prm.with_argmax)
+  if (params.with_argmax)
     for (long i = s.qlen + tid; i < width; i += kMaxsimThreads) arow[i] = -1;
 }
 

@@ -47,7 +47,7 @@ def flavour() -> str:
 def build(kind: str, kernel_dir: str | None = None) -> Path:
     tool = _build_tool()
     src = Path(kernel_dir) if kernel_dir else REPO_ROOT / "maxsim_metal"
-    out = REPO_ROOT / "build" / "metal_emu" / (kind if kernel_dir is None else f"{kind}-edited")
+    out = REPO_ROOT / "build" / "metal_emu" / (kind if kernel_dir is None else f"{kind}-{src.name}")
     return tool.build(kind, src.resolve(), out)
 
 

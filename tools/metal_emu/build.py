@@ -35,7 +35,9 @@ COMMON = ["-std=c++17", "-g", "-fPIC", "-ffp-contract=off", "-Wall", "-Wno-unuse
 
 
 def sources(kernel_dir: pathlib.Path) -> list[pathlib.Path]:
-    return sorted(kernel_dir.glob("*.metal")) + sorted(kernel_dir.glob("*.h"))
+    # the self-test kernels (deliberate bugs the runner must report) ride along
+    return (sorted(kernel_dir.glob("*.metal")) + sorted(kernel_dir.glob("*.h")) +
+            [HERE / "selftest.metal"])
 
 
 def fingerprint(paths, flags) -> str:

@@ -197,3 +197,23 @@ int emu_plan(int surface, int dtype, int backward, int to_query, const int64_t* 
 }
 
 }  // extern "C"
+
+extern "C" {
+
+// Any registered kernel with raw buffers (the emulator's self-tests).
+int emu_launch(const char* kernel, unsigned groups, unsigned threads, unsigned threadgroup_bytes,
+               void* const* buffers, int num_buffers, const EmuOptions* opt, char* err, int errlen) {
+  emu::Dispatch d{};
+  d.groups[0] = groups;
+  d.groups[1] = d.groups[2] = 1;
+  d.threads = threads;
+  d.threadgroup_bytes = threadgroup_bytes;
+  d.order = opt->order;
+  d.seed = opt->seed;
+  d.poison = opt->poison;
+  d.real_threads = opt->real_threads != 0;
+  d.num_buffers = num_buffers;
+  return finish(emu::dispatch(kernel, buffers, d), err, errlen);
+}
+
+}  // extern "C"

@@ -4,6 +4,7 @@
 // go on) is how a barrier reached by only part of the threadgroup shows up.
 #include "runtime.h"
 
+#include <setjmp.h>
 #include <ucontext.h>
 
 #include <algorithm>
@@ -51,12 +52,14 @@ struct Ctx {
   std::function<bool()> pred;
   bool blocked = false, finished = false;
   const char* waiting_on = "";
-  ucontext_t uc{};
+  ucontext_t uc{};  // only to enter the fiber the first time
+  jmp_buf jb;
+  bool started = false;
   char* stack = nullptr;
   void* fake_stack = nullptr;
 };
 
-constexpr size_t kFiberStack = 256 * 1024;
+constexpr size_t kFiberStack = 64 * 1024;
 
 struct Group {
   Dispatch d{};
@@ -74,7 +77,7 @@ struct Group {
   Trampoline fn = nullptr;
   std::mutex mu;
   std::condition_variable cv;
-  ucontext_t sched{};
+  jmp_buf sched;
   void* sched_fake_stack = nullptr;
   const void* sched_stack_bottom = nullptr;
   size_t sched_stack_size = 0;
@@ -126,13 +129,15 @@ bool deadlocked(Group& g, std::string* msg) {
   return true;
 }
 
-void switch_to(ucontext_t* from, ucontext_t* to, void** fake_save, const void* bottom, size_t size) {
+// Switching with _setjmp/_longjmp (no signal-mask system call, unlike swapcontext);
+// makecontext/swapcontext only enter a fresh fiber. The sanitizer calls tell
+// AddressSanitizer which stack is live.
+void start_switch(void** fake_save, const void* bottom, size_t size) {
 #ifdef EMU_ASAN
   __sanitizer_start_switch_fiber(fake_save, bottom, size);
 #else
   (void)fake_save, (void)bottom, (void)size;
 #endif
-  swapcontext(from, to);
 }
 
 void after_switch(void* fake, const void** bottom_old, size_t* size_old) {
@@ -146,8 +151,25 @@ void after_switch(void* fake, const void** bottom_old, size_t* size_old) {
 // fiber -> scheduler
 void yield_fiber(Ctx& c) {
   Group& g = *c.g;
-  switch_to(&c.uc, &g.sched, &c.fake_stack, g.sched_stack_bottom, g.sched_stack_size);
+  if (_setjmp(c.jb) == 0) {
+    start_switch(&c.fake_stack, g.sched_stack_bottom, g.sched_stack_size);
+    _longjmp(g.sched, 1);
+  }
   after_switch(c.fake_stack, nullptr, nullptr);
+}
+
+// scheduler -> fiber, back when it yields or finishes
+void resume_fiber(Group& g, Ctx& c) {
+  if (_setjmp(g.sched) == 0) {
+    start_switch(&g.sched_fake_stack, c.stack, kFiberStack);
+    if (!c.started) {
+      c.started = true;
+      ucontext_t here;
+      swapcontext(&here, &c.uc);  // never resumed: the fiber comes back by _longjmp
+    }
+    _longjmp(c.jb, 1);
+  }
+  after_switch(g.sched_fake_stack, nullptr, nullptr);
 }
 
 void wait_until(Ctx& c, Guard& guard, const std::function<bool()>& pred, const char* what) {
@@ -236,10 +258,8 @@ void fiber_entry(unsigned lo, unsigned hi) {
   } catch (const Abort&) {
   }
   fiber_finish(c);
-#ifdef EMU_ASAN
-  __sanitizer_start_switch_fiber(nullptr, g.sched_stack_bottom, g.sched_stack_size);
-#endif
-  setcontext(&g.sched);
+  start_switch(nullptr, g.sched_stack_bottom, g.sched_stack_size);  // this fiber is done
+  _longjmp(g.sched, 1);
 }
 
 void run_fibers(Group& g) {
@@ -257,14 +277,18 @@ void run_fibers(Group& g) {
   for (unsigned i = 0; i < g.n; ++i) order[i] = g.d.order == kReverse ? g.n - 1 - i : i;
   std::mt19937_64 rng(g.d.seed ^ (uint64_t(g.ctx[0].ids.group[0]) * 0x9e3779b97f4a7c15ull) ^
                       (uint64_t(g.ctx[0].ids.group[1]) << 40));
+  std::bernoulli_distribution run_now(0.5);
   while (g.finished < g.n) {
+    // kRandom: a shuffled half of the threads per pass, so some run several scheduling
+    // points ahead of others (exposes reliance on lanes running in lockstep)
     if (g.d.order == kRandom) std::shuffle(order.begin(), order.end(), rng);
     for (unsigned i : order) {
       Ctx& c = g.ctx[i];
       if (c.finished) continue;
+      if (c.blocked && !g.aborted && !c.pred()) continue;  // would only yield again
+      if (g.d.order == kRandom && !run_now(rng)) continue;
       tl_cur = &c;
-      switch_to(&g.sched, &c.uc, &g.sched_fake_stack, c.stack, kFiberStack);
-      after_switch(g.sched_fake_stack, nullptr, nullptr);
+      resume_fiber(g, c);
       tl_cur = nullptr;
     }
   }
