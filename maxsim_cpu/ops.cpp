@@ -5,7 +5,7 @@
 #include <ATen/Parallel.h>
 
 #include "maxsim_cpu/kernels.h"
-#include "torch_binding.h"
+#include "torch-ext/torch_binding.h"
 
 namespace maxsim_cpu {
 namespace {

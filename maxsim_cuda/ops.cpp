@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "maxsim_cuda/launch.h"
-#include "torch_binding.h"
+#include "torch-ext/torch_binding.h"
 
 namespace maxsim_cuda {
 namespace {

@@ -52,6 +52,7 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 def _load_source_module(name: str, path: Path):
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 

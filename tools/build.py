@@ -1,11 +1,28 @@
 #!/usr/bin/env python3
-"""No-Nix build: reads build.toml and writes the layout kernel-builder produces.
+"""No-Nix build: compiles exactly what build.toml lists and writes the layout kernel-builder
+produces.
 
     build/torch<MM>-cxx11-<cpu|cuXYZ>-x86_64-linux/
         __init__.py ... (the package's .py files, flat)  _ops.py  metadata.json
         _maxsim_<backend>_<hash>.abi3.so
 
-Usage: python tools/build.py [--backend cpu|cuda|auto] [--archs 9.0a,8.0] [--jobs N]
+Usage: python tools/build.py [--backend cpu|cuda|metal|auto] [--archs 9.0a,8.0] [--jobs N]
+                             [--compile-only]
+
+The sources are first copied into a staging folder that holds only the files build.toml
+lists (the `src` of `[torch]` and of the backend's `[kernel.*]` tables); each table's
+`include` folders are include paths inside that folder. So a header that is included but
+not listed, or a listed file that is gone, fails here exactly as it fails kernel-builder's
+release build, which generates its CMake from the same lists.
+
+Flags follow kernel-builder: torch's COMMON_NVCC_FLAGS without the __CUDA_NO_HALF* defines
+(plus -DENABLE_FP8) for nvcc, then each table's `cuda-flags` / `cxx-flags` on that table's
+own sources. What this build adds on top (optimisation level, -fPIC, the limited-API and
+ABI defines, the stand-in for kernel-builder's generated registration.h) is explained in
+build.toml's header comment.
+
+`--compile-only` compiles every listed unit and links nothing; it works with a CPU build of
+torch, which is how CI checks the CUDA variant on a machine without CUDA libraries.
 
 The op namespace hashes every input of the build, so two different builds never
 register ops under the same name, and an unchanged tree is not rebuilt.
@@ -24,10 +41,18 @@ import subprocess
 import sys
 import sysconfig
 import tomllib
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIR = ROOT / "torch-ext" / "maxsim"
+# kernel-builder generates registration.h for the binding; this folder holds our copy of it.
+GENERATED_STANDIN = ROOT / "tools" / "include"
+COMPILED_SUFFIXES = (".cpp", ".cc", ".cu", ".mm")
+NVCC_DEFINES_KERNEL_BUILDER_DROPS = {
+    "-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
+    "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__",
+}
 
 
 def log(msg: str) -> None:
@@ -43,6 +68,72 @@ def kernel_tables(config: dict, backend: str) -> list[dict]:
     return [k for k in config.get("kernel", {}).values() if k.get("backend") == backend]
 
 
+def listed_files(config: dict) -> set[str]:
+    """Every path any table of build.toml lists, whatever its backend."""
+    files = set(config.get("torch", {}).get("src", []))
+    for table in config.get("kernel", {}).values():
+        files.update(table.get("src", []))
+    return files
+
+
+# What kernel-builder compiles or reads as a source; everything of these kinds under the
+# backends' folders and torch-ext/ must be listed.
+SOURCE_SUFFIXES = (".c", ".cc", ".cpp", ".cu", ".cuh", ".h", ".hpp", ".mm", ".m", ".metal")
+
+
+def manifest_problems(config: dict, root: Path = ROOT) -> list[str]:
+    """Sources on disk that build.toml does not list, and listed files that do not exist."""
+    listed = listed_files(config)
+    on_disk = {
+        p.relative_to(root).as_posix()
+        for folder in [*root.glob("maxsim_*"), root / "torch-ext"] if folder.is_dir()
+        for p in folder.rglob("*") if p.is_file() and p.suffix in SOURCE_SUFFIXES
+    }
+    problems = [f"{f}: on disk but not listed in build.toml" for f in sorted(on_disk - listed)]
+    problems += [f"{f}: listed in build.toml but does not exist" for f in sorted(listed)
+                 if not (root / f).is_file()]
+    return problems
+
+
+@dataclass
+class Unit:
+    """One listed source as kernel-builder sees it: its include folders and extra flags."""
+    src: str
+    includes: list[str]
+    cxx_flags: list[str] = field(default_factory=list)
+    cuda_flags: list[str] = field(default_factory=list)
+
+
+def units_of(config: dict, backend: str) -> tuple[list[str], list[Unit]]:
+    """(every listed file of the variant, the compiled ones with their per-table settings)."""
+    torch_table = config["torch"]
+    tables = [(torch_table, True)] + [(t, False) for t in kernel_tables(config, backend)]
+    files: list[str] = []
+    units: dict[str, Unit] = {}
+    for table, is_binding in tables:
+        for src in table.get("src", []):
+            if src not in files:
+                files.append(src)
+            if not src.endswith(COMPILED_SUFFIXES) or src in units:
+                continue
+            units[src] = Unit(src, list(table.get("include", [])),
+                              [] if is_binding else list(table.get("cxx-flags", [])),
+                              [] if is_binding else list(table.get("cuda-flags", [])))
+    return files, list(units.values())
+
+
+def stage(files: list[str], dest: Path) -> None:
+    """Copy exactly the listed files into `dest` (nothing else is visible to the compiler)."""
+    missing = [f for f in files if not (ROOT / f).is_file()]
+    if missing:
+        raise SystemExit("build.toml lists files that do not exist: " + ", ".join(missing))
+    if dest.exists():
+        shutil.rmtree(dest)
+    for f in files:
+        (dest / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / f, dest / f)
+
+
 def variant_name(backend: str) -> str:
     import torch
 
@@ -51,18 +142,22 @@ def variant_name(backend: str) -> str:
     if backend == "cuda":
         cuda_tag = "cu" + torch.version.cuda.replace(".", "")
         return f"torch{major}{minor}-cxx11-{cuda_tag}-{arch}-linux"
+    if backend == "metal":
+        return f"torch{major}{minor}-metal-{arch}-darwin"
     return f"torch{major}{minor}-cxx11-cpu-{arch}-linux"
 
 
 def find_nvcc() -> str | None:
-    for candidate in (
-        os.environ.get("CUDA_HOME", "") and Path(os.environ["CUDA_HOME"]) / "bin" / "nvcc",
-        shutil.which("nvcc"),
-        "/usr/local/cuda/bin/nvcc",
-        "/usr/local/cuda-13.0/bin/nvcc",
-    ):
-        if candidate and Path(candidate).exists():
-            return str(candidate)
+    """The nvcc of a CUDA toolkit folder (bin/nvcc beside include/cuda_runtime.h); a wrapper
+    script elsewhere on PATH would hide where the toolkit's headers are."""
+    candidates = [Path(os.environ["CUDA_HOME"]) / "bin" / "nvcc"] if os.environ.get("CUDA_HOME") else []
+    on_path = shutil.which("nvcc")
+    candidates += [Path(on_path)] if on_path else []
+    candidates += [Path("/usr/local/cuda/bin/nvcc"), Path("/usr/local/cuda-13.0/bin/nvcc")]
+    for nvcc in candidates:
+        for real in (nvcc, nvcc.resolve()):
+            if real.exists() and (real.parent.parent / "include" / "cuda_runtime.h").exists():
+                return str(real)
     return None
 
 
@@ -73,6 +168,8 @@ def choose_backend(requested: str) -> str:
         return requested
     if torch.version.cuda and torch.cuda.is_available() and find_nvcc():
         return "cuda"
+    if platform.system() == "Darwin" and torch.backends.mps.is_available():
+        return "metal"
     return "cpu"
 
 
@@ -87,98 +184,116 @@ def gencode_flags(capabilities: list[str]) -> list[str]:
     return flags
 
 
-def sources_of(tables: list[dict], torch_src: list[str]) -> list[str]:
-    seen, out = set(), []
-    for src in torch_src + [s for t in tables for s in t.get("src", [])]:
-        if src not in seen:
-            seen.add(src)
-            out.append(src)
-    return out
-
-
-def build(backend: str, archs: list[str] | None, jobs: int, out: Path) -> Path:
-    import torch
+def torch_nvcc_flags() -> list[str]:
     from torch.utils import cpp_extension
+
+    flags = [f for f in cpp_extension.COMMON_NVCC_FLAGS if f not in NVCC_DEFINES_KERNEL_BUILDER_DROPS]
+    return flags + ["-DENABLE_FP8"]
+
+
+def system_includes(backend: str, nvcc: str | None, scratch: Path) -> list[Path]:
+    from torch.utils import cpp_extension
+
+    paths = [Path(p) for p in cpp_extension.include_paths()]
+    paths.append(Path(sysconfig.get_paths()["include"]))
+    if backend == "cuda":
+        paths.append(Path(nvcc).parent.parent / "include")
+        # A CPU build of torch ships c10/cuda headers but not the one its CMake generates.
+        macros = paths[0] / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h"
+        if not macros.exists():
+            stub = scratch / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h"
+            stub.parent.mkdir(parents=True, exist_ok=True)
+            stub.write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
+            paths.append(scratch)
+    return paths
+
+
+def build(backend: str, archs: list[str] | None, jobs: int, out: Path,
+          compile_only: bool = False) -> Path | None:
+    import torch
 
     config = load_config()
     general = config["general"]
     if backend not in general["backends"]:
         raise SystemExit(f"build.toml lists no '{backend}' backend (has {general['backends']})")
+    if backend == "metal":
+        sys.path.insert(0, str(ROOT / "tools"))
+        import build_metal  # macOS only: xcrun metal / metallib, clang++ for the .mm
+
+        return build_metal.build(config, out, write_package, variant_name("metal"))
     tables = kernel_tables(config, backend)
-    sources = sources_of(tables, config["torch"]["src"])
-    compiled = [s for s in sources if s.endswith((".cpp", ".cu"))]
-    capabilities = archs or sorted(
-        {c for t in tables for c in t.get("cuda-capabilities", [])}
-    )
+    files, units = units_of(config, backend)
+    capabilities = archs or sorted({c for t in tables for c in t.get("cuda-capabilities", [])})
 
     nvcc = find_nvcc() if backend == "cuda" else None
+    if backend == "cuda" and nvcc is None:
+        raise SystemExit("the cuda backend needs nvcc (set CUDA_HOME)")
     if nvcc is not None:
-        os.environ.setdefault("CUDA_HOME", str(Path(nvcc).resolve().parent.parent))
-    include_dirs = [ROOT / "tools" / "include", ROOT / "torch-ext"]
-    include_dirs += [ROOT / inc for t in tables for inc in t.get("include", [])]
-    include_dirs += [Path(p) for p in cpp_extension.include_paths()]  # + nvcc's below
-    include_dirs.append(Path(sysconfig.get_paths()["include"]))
-    if backend == "cuda":
-        if nvcc is None:
-            raise SystemExit("the cuda backend needs nvcc (set CUDA_HOME)")
-        include_dirs.append(Path(nvcc).parent.parent / "include")
+        os.environ.setdefault("CUDA_HOME", str(Path(nvcc).parent.parent))
 
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     defines = [
         "-DPy_LIMITED_API=0x03090000",
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-        "-DCPU_KERNEL" if backend == "cpu" else "-DCUDA_KERNEL",
+        {"cpu": "-DCPU_KERNEL", "cuda": "-DCUDA_KERNEL"}[backend],
     ]
-    cxx_flags = ["-O3", "-std=c++17", "-fPIC", "-fopenmp", "-Wall", "-Wno-unknown-pragmas"]
-    cxx_flags += [f for t in tables for f in t.get("cxx-flags", [])]
-    nvcc_flags = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC",
-                  "-lineinfo"] + gencode_flags(capabilities)
-    nvcc_flags += [f for t in tables for f in t.get("cuda-flags", [])]
+    cxx_base = ["-O3", "-std=c++17", "-fPIC", "-Wall", "-Wno-unknown-pragmas"]
+    nvcc_base = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC", *torch_nvcc_flags(),
+                 *gencode_flags(capabilities)]
 
     digest = hashlib.sha256()
-    for src in sorted(sources) + sorted(str(p) for p in (ROOT / "maxsim_cpu").rglob("*.h")) + sorted(
-        str(p) for p in (ROOT / "maxsim_cuda").rglob("*.cuh")
-    ):
-        path = ROOT / src
-        digest.update(str(src).encode())
-        digest.update(path.read_bytes())
-    digest.update(" ".join(defines + cxx_flags + nvcc_flags + [torch.__version__]).encode())
+    for f in sorted(files):
+        digest.update(f.encode())
+        digest.update((ROOT / f).read_bytes() if (ROOT / f).is_file() else b"<missing>")
+    for u in units:
+        digest.update(" ".join([u.src, *u.includes, *u.cxx_flags, *u.cuda_flags]).encode())
+    digest.update((GENERATED_STANDIN / "registration.h").read_bytes())
+    digest.update(" ".join(defines + cxx_base + nvcc_base + [torch.__version__]).encode())
     namespace = f"_maxsim_{backend}_{digest.hexdigest()[:7]}"
 
-    variant_dir = out / variant_name(backend)
-    library = variant_dir / f"{namespace}.abi3.so"
-    obj_dir = ROOT / "build" / ".obj" / namespace
-    obj_dir.mkdir(parents=True, exist_ok=True)
-    includes = [f"-I{p}" for p in include_dirs]
+    variant_dir = out / variant_name(backend) if not compile_only else None
+    library = variant_dir / f"{namespace}.abi3.so" if variant_dir else None
+    work = ROOT / "build" / ".obj" / (namespace + ("-compile-only" if compile_only else ""))
+    staged = work / "src"
     ns_define = [f"-DTORCH_EXTENSION_NAME={namespace}"]
 
-    if library.exists():
+    if library is not None and library.exists():
         log(f"{library} is up to date")
-    elif (obj_dir / library.name).exists():  # built before, e.g. into another --out
+    elif library is not None and (work / library.name).exists():  # built before, e.g. into another --out
         variant_dir.mkdir(parents=True, exist_ok=True)
         for stale in variant_dir.glob("*.so"):
             stale.unlink()
-        shutil.copy2(obj_dir / library.name, library)
+        shutil.copy2(work / library.name, library)
     else:
-        def compile_one(src: str) -> Path:
-            obj = obj_dir / (src.replace("/", "__") + ".o")
-            if src.endswith(".cu"):
-                cmd = [nvcc, *nvcc_flags, *defines, *ns_define, *includes, "-c", str(ROOT / src), "-o", str(obj)]
+        stage(files, staged)
+        sys_inc = [f"-I{p}" for p in system_includes(backend, nvcc, work / "sys-include")]
+
+        def compile_one(u: Unit) -> Path:
+            obj = work / (u.src.replace("/", "__") + ".o")
+            includes = [f"-I{staged / inc}" for inc in u.includes] + [f"-I{GENERATED_STANDIN}"]
+            if u.src.endswith(".cu"):
+                cmd = [nvcc, *nvcc_base, *u.cuda_flags, *defines, *ns_define, *includes, *sys_inc,
+                       "-c", str(staged / u.src), "-o", str(obj)]
             else:
-                cmd = [os.environ.get("CXX", "c++"), *cxx_flags, *defines, *ns_define, *includes,
-                       "-c", str(ROOT / src), "-o", str(obj)]
-            log(f"compile {src}")
+                cmd = [os.environ.get("CXX", "c++"), *cxx_base, *u.cxx_flags, *defines, *ns_define,
+                       *includes, *sys_inc, "-c", str(staged / u.src), "-o", str(obj)]
+            log(f"compile {u.src}")
             result = subprocess.run(cmd, capture_output=True, text=True)
             if result.returncode != 0:
-                raise RuntimeError(f"compiling {src} failed:\n{' '.join(cmd)}\n{result.stdout}{result.stderr}")
+                raise RuntimeError(f"compiling {u.src} failed:\n{' '.join(cmd)}\n{result.stdout}{result.stderr}")
             return obj
 
         with futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-            objects = list(pool.map(compile_one, compiled))
+            objects = list(pool.map(compile_one, units))
+        if compile_only:
+            log(f"compiled {len(objects)} units of the {backend} variant "
+                f"({', '.join(capabilities) if backend == 'cuda' else 'host'}); nothing linked")
+            return None
 
         torch_lib = Path(torch.__file__).parent / "lib"
+        # -fopenmp: the objects call OpenMP through ATen's inline parallel_for (see build.toml).
         link = [os.environ.get("CXX", "c++"), "-shared", "-fopenmp", *map(str, objects), "-o",
-                str(obj_dir / library.name), f"-L{torch_lib}", "-lc10", "-ltorch", "-ltorch_cpu"]
+                str(work / library.name), f"-L{torch_lib}", "-lc10", "-ltorch", "-ltorch_cpu"]
         if backend == "cuda":
             cuda_lib = Path(nvcc).parent.parent / "lib64"
             link += ["-lc10_cuda", "-ltorch_cuda", f"-L{cuda_lib}", "-lcudart"]
@@ -187,7 +302,7 @@ def build(backend: str, archs: list[str] | None, jobs: int, out: Path) -> Path:
         if variant_dir.exists():
             shutil.rmtree(variant_dir)
         variant_dir.mkdir(parents=True)
-        shutil.copy2(obj_dir / library.name, library)
+        shutil.copy2(work / library.name, library)
 
     write_package(variant_dir, namespace, general, backend, capabilities)
     return variant_dir
@@ -223,16 +338,20 @@ def write_package(variant_dir: Path, namespace: str, general: dict, backend: str
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda", "metal"])
     parser.add_argument("--archs", default=os.environ.get("MAXSIM_CUDA_ARCHS"),
                         help="comma-separated CUDA capabilities (default: build.toml's list)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--out", type=Path, default=ROOT / "build",
                         help="where the variant folder goes (default: build/)")
+    parser.add_argument("--compile-only", action="store_true",
+                        help="compile every listed unit, link nothing (CUDA check without CUDA libraries)")
     args = parser.parse_args()
     archs = [a.strip() for a in args.archs.split(",")] if args.archs else None
     backend = choose_backend(args.backend)
-    print(build(backend, archs, args.jobs, args.out.resolve()))
+    result = build(backend, archs, args.jobs, args.out.resolve(), args.compile_only)
+    if result is not None:
+        print(result)
 
 
 if __name__ == "__main__":

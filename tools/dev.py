@@ -6,9 +6,15 @@
     python3 tools/dev.py test [pytest args]   deps + build + the test suite
     python3 tools/dev.py example N            deps + build + examples/N_*.py
     python3 tools/dev.py bench [args]         deps + build + `kernels benchmark .`
-    python3 tools/dev.py cuda-compile         compile every CUDA unit for sm_80 and sm_90a (no GPU)
+    python3 tools/dev.py cuda-compile         compile every unit build.toml lists for the CUDA
+                                              variant, for sm_80 and sm_90a (nvcc, no GPU, no link)
 
-Each command installs and builds what it needs, so it works from a fresh clone.
+Each command installs and builds what it needs, so it works from a fresh clone. Inside an
+active virtualenv or conda environment it installs there. Outside one, on an interpreter its
+distribution marks externally managed (PEP 668: Debian's and Ubuntu's /usr/bin/python3), it
+creates the git-ignored .venv/ in the checkout (seeing the system's site-packages, so a
+preinstalled torch is reused), installs there and runs the command inside it. Any other
+interpreter is used as it is; MAXSIM_DEV_VENV=1 asks for .venv/ anyway.
 """
 from __future__ import annotations
 
@@ -16,12 +22,43 @@ import importlib.util
 import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 HUB_ID = "maxsim/maxsim"
 # The CPU build of torch this project is developed against; any torch >= 2.4 works.
 TORCH_SPEC = os.environ.get("MAXSIM_TORCH_SPEC", "torch==2.13.0")
+
+
+PROJECT_VENV = ROOT / ".venv"
+
+
+def in_managed_environment() -> bool:
+    """An active virtualenv/venv or conda environment: the user chose where packages go."""
+    return sys.prefix != sys.base_prefix or bool(os.environ.get("CONDA_PREFIX"))
+
+
+def externally_managed() -> bool:
+    return (Path(sysconfig.get_path("stdlib")) / "EXTERNALLY-MANAGED").exists()
+
+
+def reexec_in_project_venv(argv: list[str]) -> None:
+    """Run this same command with .venv's interpreter when installing here would be refused
+    (or is unwanted); returns only when the current interpreter is the one to use."""
+    if in_managed_environment():
+        return
+    if not (externally_managed() or os.environ.get("MAXSIM_DEV_VENV") == "1"):
+        return
+    python = PROJECT_VENV / "bin" / "python3"
+    fresh = not python.exists()
+    if fresh:
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(PROJECT_VENV)],
+                       check=True)
+    why = "is externally managed" if externally_managed() else "was asked not to be used (MAXSIM_DEV_VENV=1)"
+    print(f"dev.py: {sys.executable} {why}; {'created' if fresh else 'using'} the project "
+          f"virtualenv {PROJECT_VENV.relative_to(ROOT)}/ and running there", flush=True)
+    os.execv(str(python), [str(python), str(Path(__file__).resolve()), *argv])
 
 
 def run(cmd: list[str], **kw) -> None:
@@ -60,46 +97,12 @@ def user_env() -> dict[str, str]:
 
 
 def cuda_compile() -> None:
-    """Compile every CUDA-backend unit for the oldest and newest targets; needs nvcc, no GPU.
-
-    The .cu files are torch-free and go through nvcc for sm_80 and sm_90a; the tensor glue
-    and the binding are checked by the host compiler against torch's CUDA headers.
-    """
-    import concurrent.futures as futures
-    import sysconfig
-
-    from torch.utils import cpp_extension
-
-    nvcc = os.environ.get("NVCC", "/usr/local/cuda/bin/nvcc")
-    cuda_home = Path(nvcc).resolve().parent.parent
-    os.environ.setdefault("CUDA_HOME", str(cuda_home))
-    cuda_include = cuda_home / "include"
-    out = ROOT / "build" / ".cuda-compile"
-    out.mkdir(parents=True, exist_ok=True)
-    jobs = []
-    for unit in sorted((ROOT / "maxsim_cuda").rglob("*.cu")):
-        jobs.append([nvcc, "-std=c++17", "-O3", "--expt-relaxed-constexpr", f"-I{ROOT}",
-                     "-gencode=arch=compute_80,code=sm_80",
-                     "-gencode=arch=compute_90a,code=sm_90a",
-                     "-c", str(unit), "-o", str(out / (unit.stem + ".o"))])
-    includes = [f"-I{p}" for p in cpp_extension.include_paths()]
-    # A CPU build of torch ships c10/cuda headers but not the one CMake generates for them.
-    macros = Path(cpp_extension.include_paths()[0]) / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h"
-    if not macros.exists():
-        stub = out / "include" / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h"
-        stub.parent.mkdir(parents=True, exist_ok=True)
-        stub.write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
-        includes.append(f"-I{out / 'include'}")
-    includes += [f"-I{ROOT}", f"-I{ROOT / 'tools' / 'include'}", f"-I{ROOT / 'torch-ext'}",
-                 f"-I{cuda_include}", f"-I{sysconfig.get_paths()['include']}"]
-    for unit in [ROOT / "maxsim_cuda" / "ops.cpp", ROOT / "torch-ext" / "torch_binding.cpp"]:
-        jobs.append([os.environ.get("CXX", "c++"), "-std=c++17", "-fsyntax-only", "-DCUDA_KERNEL",
-                     "-DTORCH_EXTENSION_NAME=_maxsim_cuda_check", "-DPy_LIMITED_API=0x03090000",
-                     *includes, str(unit)])
-    with futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        for job in pool.map(lambda cmd: (run(cmd), cmd)[1], jobs):
-            pass
-    print(f"compiled {len(jobs)} CUDA-backend units")
+    """Compile the CUDA variant's every listed unit through the release path (tools/build.py
+    --compile-only: the staging copy of build.toml's list, kernel-builder's flags) for the
+    oldest and newest targets; needs nvcc, no GPU, and links nothing, since a CPU build of
+    torch has no CUDA libraries."""
+    run([sys.executable, "tools/build.py", "--backend", "cuda", "--compile-only",
+         "--archs", os.environ.get("MAXSIM_CUDA_ARCHS", "8.0,9.0a")])
 
 
 def main(argv: list[str]) -> None:
@@ -107,6 +110,7 @@ def main(argv: list[str]) -> None:
         print(__doc__)
         return
     command, rest = argv[0], argv[1:]
+    reexec_in_project_venv(argv)
     if command == "deps":
         deps()
     elif command == "build":
@@ -128,8 +132,10 @@ def main(argv: list[str]) -> None:
     elif command == "bench":
         deps()
         build_all()
-        run(["kernels", "benchmark", "./", *rest], env=user_env())
+        beside = Path(sys.executable).parent / "kernels"  # the CLI of this environment's kernels
+        run([str(beside) if beside.exists() else "kernels", "benchmark", "./", *rest], env=user_env())
     elif command == "cuda-compile":
+        deps()
         cuda_compile()
     else:
         raise SystemExit(f"unknown command {command!r}\n{__doc__}")

@@ -1,0 +1,53 @@
+"""build.toml is the one list of what a release compiles (kernel-builder generates its CMake
+from it; tools/build.py stages exactly those files). These tests run without a build."""
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from conftest import BUILD_TOOL, REPO_ROOT
+
+
+def test_every_source_is_listed_and_every_listed_file_exists():
+    problems = BUILD_TOOL.manifest_problems(BUILD_TOOL.load_config())
+    assert not problems, "build.toml is out of date:\n" + "\n".join(problems)
+
+
+def test_the_check_sees_an_unlisted_header_and_a_listed_file_that_is_gone(tmp_path):
+    (tmp_path / "maxsim_x" / "kernel").mkdir(parents=True)
+    (tmp_path / "torch-ext" / "maxsim").mkdir(parents=True)
+    for f in ("maxsim_x/ops.cpp", "maxsim_x/kernel/tile.cuh", "torch-ext/torch_binding.cpp",
+              "torch-ext/maxsim/__init__.py"):
+        (tmp_path / f).write_text("// x\n")
+    config = {"torch": {"src": ["torch-ext/torch_binding.cpp"]},
+              "kernel": {"x": {"backend": "cuda", "src": ["maxsim_x/ops.cpp", "maxsim_x/gone.h"]}}}
+    problems = BUILD_TOOL.manifest_problems(config, tmp_path)
+    assert problems == ["maxsim_x/kernel/tile.cuh: on disk but not listed in build.toml",
+                        "maxsim_x/gone.h: listed in build.toml but does not exist"]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda"])
+def test_staging_copies_exactly_the_listed_files(backend, tmp_path):
+    config = BUILD_TOOL.load_config()
+    files, units = BUILD_TOOL.units_of(config, backend)
+    BUILD_TOOL.stage(files, tmp_path / "src")
+    staged = {p.relative_to(tmp_path / "src").as_posix()
+              for p in (tmp_path / "src").rglob("*") if p.is_file()}
+    assert staged == set(files)
+    assert {u.src for u in units} == {f for f in files if f.endswith((".cpp", ".cu", ".mm"))}
+    assert set(config["torch"]["src"]) <= staged
+
+
+def test_stage_refuses_a_listed_file_that_is_gone(tmp_path):
+    with pytest.raises(SystemExit, match="maxsim_cuda/kernel/mainloop.cuh"):
+        BUILD_TOOL.stage(["maxsim_cpu/ops.cpp", "maxsim_cuda/kernel/mainloop.cuh"], tmp_path)
+
+
+def test_every_backend_has_a_kernel_table_and_flags_follow_kernel_builder():
+    config = tomllib.loads((REPO_ROOT / "build.toml").read_text())
+    for backend in config["general"]["backends"]:
+        assert BUILD_TOOL.kernel_tables(config, backend), f"no [kernel.*] table for {backend}"
+    nvcc_flags = BUILD_TOOL.torch_nvcc_flags()
+    assert not [f for f in nvcc_flags if f.startswith("-D__CUDA_NO_")]
+    assert "--expt-relaxed-constexpr" in nvcc_flags
