@@ -89,8 +89,8 @@ kernel void maxsim_backward(constant MaxsimParams& params [[buffer(0)]],
                                                                   params.num_pairs, argmax, grad_scores, src, weight)
                                   : -1;
         hit_row[tid] = j;
-        hit_src_lo[tid] = int(src & 0xffffffffL);
-        hit_src_hi[tid] = int(src >> 32);
+        hit_src_lo[tid] = as_type<int>(uint(ulong(src) & 0xffffffffUL));
+        hit_src_hi[tid] = as_type<int>(uint(ulong(src) >> 32));
         hit_weight[tid] = weight;
         threadgroup_barrier(mem_flags::mem_threadgroup);
         const int batch = int(min(long(kMaxsimThreads), entries - base));
@@ -98,7 +98,8 @@ kernel void maxsim_backward(constant MaxsimParams& params [[buffer(0)]],
           for (int h = 0; h < batch; ++h) {
             const int jj = hit_row[h];
             if (jj < 0) continue;
-            const long sr = (long(hit_src_hi[h]) << 32) | long(as_type<uint>(hit_src_lo[h]));
+            const ulong hi = as_type<uint>(hit_src_hi[h]), lo = as_type<uint>(hit_src_lo[h]);
+            const long sr = as_type<long>((hi << 32) | lo);
             acc[jj * kMaxsimGradColumns + tid] += hit_weight[h] * float(source[sr * dim + col]);
           }
         threadgroup_barrier(mem_flags::mem_threadgroup);  // the hit slots are rewritten next batch

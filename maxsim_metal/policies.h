@@ -22,8 +22,8 @@ struct IndexView {
   bool get(long i, thread long& v) const {
     if (!present || i < 0 || i >= size) return false;
     if (is64) {
-      const uint lo = as_type<uint>(ptr[2 * i]);
-      v = (long(ptr[2 * i + 1]) << 32) | long(lo);
+      const ulong lo = as_type<uint>(ptr[2 * i]), hi = as_type<uint>(ptr[2 * i + 1]);
+      v = as_type<long>((hi << 32) | lo);
     } else {
       v = long(ptr[i]);
     }

@@ -141,7 +141,7 @@ int emu_forward(int surface, int dtype, const int64_t* sizes, int64_t dim, const
   void* s = b.output(kForwardScores, size_t(scores_numel) * 4, false, opt->poison);
   void* a = b.output(kForwardArgmax, size_t(argmax_numel) * 4, false, opt->poison);
   const int rc = launch(l, b, *opt, err, errlen);
-  std::memcpy(scores, s, size_t(scores_numel) * 4);
+  if (scores_numel) std::memcpy(scores, s, size_t(scores_numel) * 4);
   if (argmax_numel) std::memcpy(argmax, a, size_t(argmax_numel) * 4);
   return rc;
 }
@@ -174,7 +174,7 @@ int emu_backward(int surface, int dtype, int to_query, const int64_t* sizes, int
   b.index(kBackwardOwnerPairOffsets, owner_pair_offsets);
   void* g = b.output(kBackwardGrad, size_t(grad_numel) * es, l.zero_output, opt->poison);
   const int rc = launch(l, b, *opt, err, errlen);
-  std::memcpy(grad, g, size_t(grad_numel) * es);
+  if (grad_numel) std::memcpy(grad, g, size_t(grad_numel) * es);
   return rc;
 }
 
