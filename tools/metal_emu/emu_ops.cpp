@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "emu_abi.h"
 #include "maxsim_metal/launch_plan.h"
 #include "runtime.h"
 
@@ -16,23 +17,6 @@ using maxsim_metal::Dtype;
 using maxsim_metal::IndexArg;
 using maxsim_metal::Launch;
 
-extern "C" {
-
-struct EmuIndex {
-  const void* data;
-  int64_t numel;
-  int is64;
-  int present;
-};
-
-struct EmuOptions {
-  int order;
-  uint64_t seed;
-  uint32_t poison;
-  int real_threads;
-};
-
-}  // extern "C"
 
 namespace {
 

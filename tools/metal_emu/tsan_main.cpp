@@ -9,27 +9,8 @@
 #include <random>
 #include <vector>
 
+#include "emu_abi.h"
 #include "maxsim_metal/params.h"
-
-extern "C" {
-struct EmuIndex {
-  const void* data;
-  int64_t numel;
-  int is64;
-  int present;
-};
-struct EmuOptions {
-  int order;
-  uint64_t seed;
-  uint32_t poison;
-  int real_threads;
-};
-int emu_forward(int, int, const int64_t*, int64_t, const void*, int64_t, const void*, int64_t,
-                const EmuIndex*, int, float*, int64_t, int32_t*, int64_t, const EmuOptions*, char*, int);
-int emu_backward(int, int, int, const int64_t*, int64_t, const void*, int64_t, const void*, int64_t,
-                 const float*, int64_t, const int32_t*, int64_t, const EmuIndex*, EmuIndex, EmuIndex,
-                 void*, int64_t, const EmuOptions*, char*, int);
-}
 
 namespace {
 
