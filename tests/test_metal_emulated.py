@@ -326,7 +326,7 @@ def _mutant(tmp_path, name, file, old, new):
 
 
 @pytest.mark.parametrize("mutation", ["staging barrier removed", "simdgroup barrier removed",
-                                      "tile bound shifted"])
+                                      "tile bound shifted", "backward barrier removed"])
 def test_suite_catches_kernel_mutations(tmp_path, mutation, rng):
     """A needed barrier removed or a tile bound off by one must fail the checks above."""
     file, old, new = {
@@ -337,12 +337,14 @@ def test_suite_catches_kernel_mutations(tmp_path, mutation, rng):
             "forward.metal", "simdgroup_barrier(mem_flags::mem_threadgroup);\n      Best cand",
             "\n      Best cand"),
         "tile bound shifted": ("forward.metal", "if (long(c) >= drows) break;", "if (long(c) > drows) break;"),
+        "backward barrier removed": (
+            "backward.metal", "threadgroup_barrier(mem_flags::mem_threadgroup);  // the hit slots", "//"),
     }[mutation]
     mutant = _mutant(tmp_path, mutation.replace(" ", "_"), file, old, new)
-    n = len(LENGTHS)
-    case = make_padded(rng, n, n, 33, 33, 20, q_lens=list(LENGTHS), d_lens=[list(LENGTHS)] * n)
+    # LENGTHS x LENGTHS; grad_documents has 6 x 33 entries per document: two 128-entry batches
+    case = make_contrastive(rng, len(LENGTHS), 33, list(LENGTHS), 20, q_lens=list(LENGTHS))
     with pytest.raises(AssertionError) as failure:
-        check_forward(mutant, case)
+        check_all(mutant, case, rng)
     print(f"{mutation}: {str(failure.value).splitlines()[0]}")
 
 
