@@ -2,7 +2,8 @@
 
 score(q, d) = sum_i max_j <q_i, d_j>, for padded reranking, ragged pair grids (packed)
 and in-batch contrastive scoring, each with `_with_argmax` and autograd `_train` forms,
-plus pure-PyTorch references.
+plus pure-PyTorch references, and helpers for several processes on torch.distributed
+(`maxsim.distributed`: gathered in-batch negatives, sharded top-k search).
 """
 from ._api import (
     score_candidates_padded,
@@ -15,6 +16,8 @@ from ._api import (
     score_pairs_packed_train,
     score_pairs_packed_with_argmax,
 )
+from . import distributed
+from .distributed import gather_documents, score_contrastive_train_global, search_sharded
 from ._reference import (
     maxsim_reference,
     score_candidates_padded_backward_reference,
@@ -29,6 +32,8 @@ from ._reference import (
 )
 
 __all__ = [
+    "distributed",
+    "gather_documents",
     "maxsim_reference",
     "score_candidates_padded",
     "score_candidates_padded_backward_reference",
@@ -40,6 +45,7 @@ __all__ = [
     "score_contrastive_backward_reference",
     "score_contrastive_reference",
     "score_contrastive_train",
+    "score_contrastive_train_global",
     "score_contrastive_with_argmax",
     "score_contrastive_with_argmax_reference",
     "score_pairs_packed",
@@ -48,4 +54,5 @@ __all__ = [
     "score_pairs_packed_train",
     "score_pairs_packed_with_argmax",
     "score_pairs_packed_with_argmax_reference",
+    "search_sharded",
 ]
