@@ -44,6 +44,9 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
 #if defined(CUDA_KERNEL)
   MAXSIM_IMPL_BACKEND(ops, c10::DeviceType::CUDA, maxsim_cuda)
 #endif
+#if defined(METAL_KERNEL)
+  MAXSIM_IMPL_BACKEND(ops, c10::DeviceType::MPS, maxsim_metal)
+#endif
 }
 
 REGISTER_EXTENSION(TORCH_EXTENSION_NAME)

@@ -44,3 +44,6 @@ MAXSIM_DECLARE_BACKEND(maxsim_cpu)
 #if defined(CUDA_KERNEL)
 MAXSIM_DECLARE_BACKEND(maxsim_cuda)
 #endif
+#if defined(METAL_KERNEL)
+MAXSIM_DECLARE_BACKEND(maxsim_metal)
+#endif

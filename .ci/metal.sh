@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The emulated Metal suite (tests/test_metal_emulated.py) as CI runs it, on a CPU machine:
+#   1. the kernels under AddressSanitizer + UBSan (every buffer exactly its tensor's size),
+#      each launch in three thread orders with two poison patterns;
+#   2. the flavour-independent checks on the plain build: the ThreadSanitizer program
+#      (real threads) and the kernel mutations the suite must catch.
+# Needs g++ with libasan/libtsan (Debian: g++). About 6 minutes on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+
+"$PY" tools/metal_emu/build.py plain asan tsan
+
+# libstdc++ is preloaded too: ASan's __cxa_throw interceptor must find it at start-up
+# (the emulator unwinds aborted GPU threads with an exception).
+LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)" \
+ASAN_OPTIONS="detect_leaks=0" UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
+MAXSIM_METAL_EMU=asan \
+  "$PY" -m pytest tests/test_metal_emulated.py -q -p no:cacheprovider --capture=sys \
+    -k "not thread_sanitizer and not mutations"
+
+MAXSIM_METAL_EMU=plain \
+  "$PY" -m pytest tests/test_metal_emulated.py -q -p no:cacheprovider -k "thread_sanitizer or mutations"

@@ -1,0 +1,163 @@
+// Launch plan of the Metal kernels: kernel names, parameter blocks, buffer slots, grid,
+// threadgroup size and threadgroup-memory bytes for every entry point. Pure C++ (no torch,
+// no Metal), shared by the Objective-C++ glue (ops.mm) and the Linux emulator, so what
+// the glue launches is what the emulated tests ran.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "params.h"
+
+namespace maxsim_metal {
+
+enum class Dtype { kFloat, kHalf, kBFloat };
+
+inline const char* dtype_name(Dtype t) {
+  return t == Dtype::kFloat ? "float" : t == Dtype::kHalf ? "half" : "bfloat";
+}
+inline const char* surface_name(MaxsimSurface s) {
+  return s == kMaxsimPadded ? "padded" : s == kMaxsimContrastive ? "contrastive" : "packed";
+}
+
+// Buffer slots, as the [[buffer(n)]] attributes of maxsim_forward / maxsim_backward
+// (tests/test_metal_emulated.py checks both files against each other).
+enum ForwardSlot {
+  kForwardParams = 0, kForwardQueries = 1, kForwardDocuments = 2, kForwardIndex0 = 3,
+  kForwardIndex1 = 4, kForwardIndex2 = 5, kForwardIndex3 = 6, kForwardScores = 7,
+  kForwardArgmax = 8, kForwardSlots = 9,
+};
+enum BackwardSlot {
+  kBackwardParams = 0, kBackwardQueries = 1, kBackwardDocuments = 2, kBackwardGradScores = 3,
+  kBackwardArgmax = 4, kBackwardIndex0 = 5, kBackwardIndex1 = 6, kBackwardIndex2 = 7,
+  kBackwardIndex3 = 8, kBackwardOwnerPairs = 9, kBackwardOwnerPairOffsets = 10,
+  kBackwardGrad = 11, kBackwardSlots = 12,
+};
+
+// An index tensor as the kernels see it (absent: an optional tensor not given).
+struct IndexArg {
+  int64_t size = 0;
+  bool is64 = false;
+  bool present = false;
+};
+
+inline void set_index(MaxsimParams& p, int k, IndexArg a) {
+  p.index_size[k] = a.present ? a.size : 0;
+  p.index_is64[k] = a.is64 ? 1 : 0;
+  p.index_present[k] = a.present ? 1 : 0;
+}
+
+inline MaxsimParams empty_params(int64_t dim, int64_t Tq, int64_t Td, bool with_argmax) {
+  MaxsimParams p = {};
+  p.dim = dim;
+  p.Tq = Tq;
+  p.Td = Td;
+  p.with_argmax = with_argmax ? 1 : 0;
+  p.grid_rows = 1;
+  return p;
+}
+
+// queries [B,Lq,D], documents [B,C,Ld,D], query_lengths [B], doc_lengths [B,C]
+inline MaxsimParams padded_params(int64_t B, int64_t C, int64_t Lq, int64_t Ld, int64_t dim,
+                                  IndexArg query_lengths, IndexArg doc_lengths, bool with_argmax) {
+  MaxsimParams p = empty_params(dim, B * Lq, B * C * Ld, with_argmax);
+  p.B = B;
+  p.C = C;
+  p.Lq = Lq;
+  p.Ld = Ld;
+  p.num_pairs = B * C;
+  p.argmax_width = Lq;
+  set_index(p, 0, query_lengths);
+  set_index(p, 1, doc_lengths);
+  return p;
+}
+
+// queries [Nq,Lq,D], documents [T,D], document_offsets [Nb+1], query_lengths [Nq] or absent
+inline MaxsimParams contrastive_params(int64_t Nq, int64_t Lq, int64_t T, int64_t dim,
+                                       IndexArg document_offsets, IndexArg query_lengths,
+                                       bool with_argmax) {
+  MaxsimParams p = empty_params(dim, Nq * Lq, T, with_argmax);
+  p.Nq = Nq;
+  p.Nb = std::max<int64_t>(document_offsets.size - 1, 0);
+  p.Lq = Lq;
+  p.num_pairs = p.Nq * p.Nb;
+  p.argmax_width = Lq;
+  set_index(p, 0, document_offsets);
+  set_index(p, 1, query_lengths);
+  return p;
+}
+
+// queries [Tq,D], documents [Td,D], offsets [Nq+1] / [Nd+1], pair ids [P]
+inline MaxsimParams packed_params(int64_t Tq, int64_t Td, int64_t dim, IndexArg query_offsets,
+                                  IndexArg document_offsets, IndexArg pair_query_ids,
+                                  IndexArg pair_document_ids, int64_t max_q_len, bool with_argmax) {
+  MaxsimParams p = empty_params(dim, Tq, Td, with_argmax);
+  p.num_pairs = pair_query_ids.size;
+  p.argmax_width = max_q_len;
+  set_index(p, 0, query_offsets);
+  set_index(p, 1, document_offsets);
+  set_index(p, 2, pair_query_ids);
+  set_index(p, 3, pair_document_ids);
+  return p;
+}
+
+struct Launch {
+  std::string kernel;            // [[host_name]] of the pipeline
+  MaxsimParams params;           // bound with setBytes at slot 0
+  uint32_t groups[3] = {1, 1, 1};
+  uint32_t threads = kMaxsimThreads;
+  uint32_t threadgroup_bytes = 0;
+  bool run = false;              // false: nothing to launch
+  bool zero_output = false;      // backward: the gradient must start at zero
+};
+
+inline Launch plan_forward(MaxsimSurface surface, Dtype dtype, const MaxsimParams& params) {
+  Launch l;
+  l.kernel = std::string("maxsim_forward_") + surface_name(surface) + "_" + dtype_name(dtype);
+  l.params = params;
+  l.groups[0] = uint32_t(params.num_pairs);
+  l.threadgroup_bytes = uint32_t(kForwardFloats * sizeof(float));
+  l.run = params.num_pairs > 0;
+  return l;
+}
+
+// `params` from the forward's builder with with_argmax = true and argmax_width the width of
+// the saved argmax. For packed, owner_pair_offsets is query_pair_offsets (to_query) or
+// document_pair_offsets, and owner_pairs the matching pairs_by_* tensor.
+inline Launch plan_backward(MaxsimSurface surface, Dtype dtype, bool to_query, MaxsimParams params,
+                            IndexArg owner_pairs, IndexArg owner_pair_offsets) {
+  Launch l;
+  l.kernel = std::string(to_query ? "maxsim_grad_queries_" : "maxsim_grad_documents_") +
+             surface_name(surface) + "_" + dtype_name(dtype);
+  set_index(params, 4, owner_pairs);
+  set_index(params, 5, owner_pair_offsets);
+  // owners tile their output (every row written by its owner) only on the strided surfaces
+  bool tiled = true;
+  int64_t owners = 0, rows = 0;
+  if (surface == kMaxsimPadded) {
+    owners = to_query ? params.B : params.B * params.C;
+    rows = to_query ? params.Lq : params.Ld;
+  } else if (surface == kMaxsimContrastive && to_query) {
+    owners = params.Nq;
+    rows = params.Lq;
+  } else {
+    tiled = false;
+    const int offsets_slot = surface == kMaxsimContrastive ? 0 : (to_query ? 0 : 1);
+    owners = std::max<int64_t>(params.index_size[offsets_slot] - 1, 0);
+    const int64_t total = to_query ? params.Tq : params.Td;
+    rows = owners > 0 ? (total + owners - 1) / owners : 0;  // a typical segment
+  }
+  params.num_owners = owners;
+  const int64_t passes = (rows + kMaxsimGradRows - 1) / kMaxsimGradRows;
+  params.grid_rows = int(std::min<int64_t>(std::max<int64_t>(passes, 1), 64));
+  l.params = params;
+  l.groups[0] = uint32_t(owners);
+  l.groups[1] = uint32_t(params.grid_rows);
+  l.threadgroup_bytes = uint32_t(kBackwardWords * 4);
+  l.run = owners > 0 && params.num_pairs > 0 && params.argmax_width > 0 && params.dim > 0;
+  l.zero_output = !tiled || !l.run;
+  return l;
+}
+
+}  // namespace maxsim_metal

@@ -1,0 +1,262 @@
+"""The Metal kernels (maxsim_metal/*.metal) run on the Linux emulator (tools/metal_emu/),
+called through its C ABI on CPU tensors.
+
+`EmulatedMaxsim` exposes the public entry points' `""` and `_with_argmax` forms with the
+package's signatures, so the suite's Case objects (conftest.py) can call it like the
+loaded kernel; `backward()` runs the two gradient kernels. Every call runs the kernel in
+each of `RunConfig.runs` (thread order, poison pattern, seed) and requires bitwise
+identical outputs across them.
+
+The library flavour: "asan" when AddressSanitizer is preloaded (LD_PRELOAD, as
+.ci/metal.sh does), else "plain"; MAXSIM_METAL_EMU=plain|asan overrides.
+"""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+import importlib.util
+import os
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SURFACE_IDS = {"padded": 0, "contrastive": 1, "packed": 2}
+DTYPE_IDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+FORWARD, REVERSE, RANDOM = 0, 1, 2
+POISON_A, POISON_B = 0x7FC0DEAD, 0x12345678  # a NaN pattern and a small positive float
+
+
+def _build_tool():
+    spec = importlib.util.spec_from_file_location(
+        "metal_emu_build", REPO_ROOT / "tools" / "metal_emu" / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def flavour() -> str:
+    forced = os.environ.get("MAXSIM_METAL_EMU")
+    if forced:
+        return forced
+    return "asan" if "libasan" in os.environ.get("LD_PRELOAD", "") else "plain"
+
+
+@functools.cache
+def build(kind: str, kernel_dir: str | None = None) -> Path:
+    tool = _build_tool()
+    src = Path(kernel_dir) if kernel_dir else REPO_ROOT / "maxsim_metal"
+    out = REPO_ROOT / "build" / "metal_emu" / (kind if kernel_dir is None else f"{kind}-{src.name}")
+    return tool.build(kind, src.resolve(), out)
+
+
+class EmuIndex(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("numel", ctypes.c_int64), ("is64", ctypes.c_int),
+                ("present", ctypes.c_int)]
+
+
+class EmuOptions(ctypes.Structure):
+    _fields_ = [("order", ctypes.c_int), ("seed", ctypes.c_uint64), ("poison", ctypes.c_uint32),
+                ("real_threads", ctypes.c_int)]
+
+
+@functools.cache
+def library(path: str):
+    lib = ctypes.CDLL(path)
+    lib.emu_forward.restype = ctypes.c_int
+    lib.emu_backward.restype = ctypes.c_int
+    return lib
+
+
+class EmulatorError(RuntimeError):
+    """The emulator reported a barrier / divergence / binding problem."""
+
+
+@dataclasses.dataclass
+class RunConfig:
+    # (order, poison, seed) per run; outputs must agree bit for bit across runs
+    runs: tuple = ((FORWARD, POISON_A, 0), (REVERSE, POISON_B, 0), (RANDOM, POISON_A, 1))
+    real_threads: bool = False
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    if t.dtype in (torch.float32, torch.int32):
+        return t.view(torch.int32)
+    if t.dtype in (torch.float16, torch.bfloat16):
+        return t.view(torch.int16)
+    return t
+
+
+class EmulatedMaxsim:
+    def __init__(self, lib_path: Path | None = None, config: RunConfig | None = None):
+        self.lib = library(str(lib_path or build(flavour())))
+        self.config = config or RunConfig()
+        self.runs_done = 0  # kernel executions, for the report
+
+    # ---- plumbing
+    def _index(self, t, keep):
+        if t is None:
+            return EmuIndex(None, 0, 0, 0)
+        t = t.contiguous()
+        keep.append(t)
+        return EmuIndex(t.data_ptr(), t.numel(), int(t.dtype == torch.int64), 1)
+
+    def _repeat(self, call):
+        """call(options) -> tuple of output tensors; runs every configured order/poison."""
+        first = None
+        for order, poison, seed in self.config.runs:
+            opts = EmuOptions(order, seed, poison, int(self.config.real_threads))
+            out = call(opts)
+            self.runs_done += 1
+            if first is None:
+                first = out
+                continue
+            for a, b in zip(first, out):
+                if not torch.equal(_bits(a), _bits(b)):
+                    raise AssertionError(
+                        f"result depends on thread order / poison (order {order}, poison {poison:#x})")
+        return first
+
+    def _check(self, rc, err):
+        if rc != 0:
+            raise EmulatorError(err.value.decode())
+
+    def forward(self, surface, queries, documents, indices, sizes, width, with_argmax):
+        dtype = DTYPE_IDS[queries.dtype]
+        if surface == "padded":
+            num_pairs = sizes[0] * sizes[1]
+        elif surface == "contrastive":
+            num_pairs = sizes[0] * max(indices[0].numel() - 1, 0)
+        else:
+            num_pairs = indices[2].numel()
+        q, d = queries.contiguous(), documents.contiguous()
+        keep = []
+        idx = (EmuIndex * 4)(*[self._index(t, keep) for t in indices])
+        sz = (ctypes.c_int64 * 4)(*(list(sizes) + [0] * (4 - len(sizes))))
+
+        def call(opts):
+            scores = torch.empty(num_pairs, dtype=torch.float32)
+            argmax = torch.empty(num_pairs * width if with_argmax else 0, dtype=torch.int32)
+            err = ctypes.create_string_buffer(2048)
+            rc = self.lib.emu_forward(
+                SURFACE_IDS[surface], dtype, sz, ctypes.c_int64(q.shape[-1]),
+                ctypes.c_void_p(q.data_ptr()), ctypes.c_int64(q.numel()),
+                ctypes.c_void_p(d.data_ptr()), ctypes.c_int64(d.numel()), idx, int(with_argmax),
+                ctypes.c_void_p(scores.data_ptr()), ctypes.c_int64(scores.numel()),
+                ctypes.c_void_p(argmax.data_ptr()), ctypes.c_int64(argmax.numel()),
+                ctypes.byref(opts), err, 2048)
+            self._check(rc, err)
+            return scores, argmax.reshape(num_pairs, width) if with_argmax else argmax
+
+        return self._repeat(call)
+
+    def gradient(self, surface, to_query, queries, documents, indices, sizes, grad_scores, argmax,
+                 owner_pairs=None, owner_pair_offsets=None):
+        dtype = DTYPE_IDS[queries.dtype]
+        q, d = queries.contiguous(), documents.contiguous()
+        g = grad_scores.contiguous().float()
+        a = argmax.contiguous()
+        width = a.shape[-1] if a.dim() > 0 else 0
+        keep = []
+        idx = (EmuIndex * 4)(*[self._index(t, keep) for t in indices])
+        op = self._index(owner_pairs, keep)
+        oo = self._index(owner_pair_offsets, keep)
+        sz = (ctypes.c_int64 * 4)(*(list(sizes) + [0] * (4 - len(sizes))))
+        like = q if to_query else d
+
+        def call(opts):
+            grad = torch.empty_like(like)
+            err = ctypes.create_string_buffer(2048)
+            rc = self.lib.emu_backward(
+                SURFACE_IDS[surface], dtype, int(to_query), sz, ctypes.c_int64(q.shape[-1]),
+                ctypes.c_void_p(q.data_ptr()), ctypes.c_int64(q.numel()),
+                ctypes.c_void_p(d.data_ptr()), ctypes.c_int64(d.numel()),
+                ctypes.c_void_p(g.data_ptr()), ctypes.c_int64(g.numel()),
+                ctypes.c_void_p(a.data_ptr()), ctypes.c_int64(width), idx, op, oo,
+                ctypes.c_void_p(grad.data_ptr()), ctypes.c_int64(grad.numel()),
+                ctypes.byref(opts), err, 2048)
+            self._check(rc, err)
+            return (grad,)
+
+        return self._repeat(call)[0]
+
+    # ---- the public forms (signatures of torch-ext/maxsim/_api.py)
+    def _padded(self, queries, documents, query_lengths, doc_lengths, with_argmax):
+        b, lq = queries.shape[:2]
+        c, ld = documents.shape[1:3]
+        s, a = self.forward("padded", queries, documents, [query_lengths, doc_lengths, None, None],
+                            [b, c, lq, ld], lq, with_argmax)
+        return s.reshape(b, c), (a.reshape(b, c, lq) if with_argmax else None)
+
+    def _contrastive(self, queries, documents, document_offsets, query_lengths, with_argmax):
+        nq, lq = queries.shape[:2]
+        nb = document_offsets.numel() - 1
+        s, a = self.forward("contrastive", queries, documents,
+                            [document_offsets, query_lengths, None, None],
+                            [nq, lq, documents.shape[0]], lq, with_argmax)
+        return s.reshape(nq, nb), (a.reshape(nq, nb, lq) if with_argmax else None)
+
+    def _packed(self, queries, query_offsets, documents, document_offsets, pair_query_ids,
+                pair_document_ids, max_q_len, with_argmax):
+        if max_q_len is None:
+            lens = query_offsets[1:] - query_offsets[:-1]
+            max_q_len = int(lens.max()) if lens.numel() else 0
+        s, a = self.forward("packed", queries, documents,
+                            [query_offsets, document_offsets, pair_query_ids, pair_document_ids],
+                            [queries.shape[0], documents.shape[0], max_q_len], max_q_len, with_argmax)
+        return s, a
+
+    def score_candidates_padded(self, *args):
+        return self._padded(*args, False)[0]
+
+    def score_candidates_padded_with_argmax(self, *args):
+        return self._padded(*args, True)
+
+    def score_contrastive(self, queries, documents, document_offsets, query_lengths=None):
+        return self._contrastive(queries, documents, document_offsets, query_lengths, False)[0]
+
+    def score_contrastive_with_argmax(self, queries, documents, document_offsets, query_lengths=None):
+        return self._contrastive(queries, documents, document_offsets, query_lengths, True)
+
+    def score_pairs_packed(self, *args, max_q_len=None):
+        return self._packed(*args, max_q_len, False)[0]
+
+    def score_pairs_packed_with_argmax(self, *args, max_q_len=None):
+        return self._packed(*args, max_q_len, True)
+
+    # ---- backward of a Case (conftest.py) given the forward's argmax
+    def backward(self, case, grad_scores, argmax):
+        fn = case.fn
+        g = grad_scores.reshape(-1)
+        a = argmax.reshape(g.numel(), -1) if g.numel() else argmax.reshape(0, max(case.argmax_width, 0))
+        if fn == "score_candidates_padded":
+            b, lq = case.queries.shape[:2]
+            c, ld = case.documents.shape[1:3]
+            args = ("padded", case.queries, case.documents,
+                    [case.query_lengths, case.doc_lengths, None, None], [b, c, lq, ld], g, a)
+            return self.gradient(*args[:1], True, *args[1:]), self.gradient(*args[:1], False, *args[1:])
+        if fn == "score_contrastive":
+            nq, lq = case.queries.shape[:2]
+            args = (case.queries, case.documents, [case.document_offsets, case.query_lengths, None, None],
+                    [nq, lq, case.documents.shape[0]], g, a)
+            return (self.gradient("contrastive", True, *args),
+                    self.gradient("contrastive", False, *args))
+        indices = [case.query_offsets, case.document_offsets, case.pair_query_ids, case.pair_document_ids]
+        sizes = [case.queries.shape[0], case.documents.shape[0], a.shape[-1]]
+        out = []
+        for to_query, ids_, offsets in ((True, case.pair_query_ids, case.query_offsets),
+                                        (False, case.pair_document_ids, case.document_offsets)):
+            pairs_by, pair_offsets = owner_lists(ids_, offsets.numel() - 1)
+            out.append(self.gradient("packed", to_query, case.queries, case.documents, indices, sizes,
+                                     g, a, pairs_by, pair_offsets))
+        return tuple(out)
+
+
+def owner_lists(ids: torch.Tensor, n: int):
+    """(pairs_by, pair_offsets) as the Python layer builds them: a stable argsort of the ids
+    and, per owner, where its run starts (int64)."""
+    ids64 = ids.to(torch.int64)
+    order = torch.argsort(ids64, stable=True)
+    starts = torch.searchsorted(ids64[order], torch.arange(max(n, 0) + 1, dtype=torch.int64))
+    return order.to(torch.int64), starts.to(torch.int64)
