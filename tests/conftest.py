@@ -71,16 +71,29 @@ def _cuda_wanted() -> bool:
     return "cuda" in backends and BUILD_TOOL.find_nvcc() is not None
 
 
-BACKENDS = ["cpu"] + (["cuda"] if _cuda_wanted() else [])
+def _mps_wanted() -> bool:
+    """On a Mac with an Apple GPU the Metal variant is built and every device test runs on
+    `mps` too (no Mac here: on Linux the Metal kernels run through tests/metal_emulator.py)."""
+    if sys.platform != "darwin" or not torch.backends.mps.is_available():
+        return False
+    if NO_BUILD:
+        return any((KERNEL_REPO / "build").glob("torch*-metal-*-darwin"))
+    return "metal" in BUILD_TOOL.load_config()["general"]["backends"]
+
+
+# Device types the suite runs on; the kernel variant of each is KERNEL_BACKEND's.
+BACKENDS = ["cpu"] + (["cuda"] if _cuda_wanted() else []) + (["mps"] if _mps_wanted() else [])
+KERNEL_BACKEND = {"cpu": "cpu", "cuda": "cuda", "mps": "metal"}
 
 
 # ---- build + load ---------------------------------------------------------------------------
 
 @functools.cache
-def load_kernel(backend: str):
-    """Build (unless told not to) and load the kernel for `backend`, once per session."""
+def load_kernel(device_type: str):
+    """Build (unless told not to) and load the kernel for `device_type`, once per session."""
     import kernels
 
+    backend = KERNEL_BACKEND[device_type]
     if not NO_BUILD:
         result = subprocess.run(
             [sys.executable, str(REPO_ROOT / "tools" / "build.py"), "--backend", backend],

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import torch
 
-from conftest import KERNEL_REPO, PUBLIC_NAMES, load_kernel
+from conftest import KERNEL_BACKEND, KERNEL_REPO, PUBLIC_NAMES, load_kernel
 
 
 def test_get_local_kernel_exposes_public_api(device):
     ms, dev = device
-    backend = dev.type
+    backend = KERNEL_BACKEND[dev.type]
     missing = [name for name in PUBLIC_NAMES if not callable(getattr(ms, name, None))]
     assert not missing, missing
     assert set(PUBLIC_NAMES) <= set(ms.__all__)
@@ -37,7 +37,7 @@ def test_repeated_loads_return_the_same_module():
 
 LOADER = textwrap.dedent("""
     import json, sys, torch, kernels
-    ms = kernels.get_kernel("maxsim/maxsim", version=1, backend=sys.argv[1])
+    ms = kernels.get_kernel("maxsim/maxsim", version=1, backend=sys.argv[2])
     q = torch.randn(2, 3, 8, device=sys.argv[1])
     d = torch.randn(2, 4, 5, 8, device=sys.argv[1])
     ql = torch.tensor([3, 1], device=sys.argv[1])
@@ -55,10 +55,9 @@ def test_get_kernel_with_local_kernels_override(device, tmp_path):
     """kernels.get_kernel("maxsim/maxsim", version=1) resolved offline through LOCAL_KERNELS,
     in a fresh interpreter so the variables apply before `kernels` is imported."""
     _, dev = device  # makes sure the build exists
-    backend = dev.type
     env = dict(os.environ, LOCAL_KERNELS=f"maxsim/maxsim={KERNEL_REPO}", HF_HUB_OFFLINE="1",
                HF_HOME=str(tmp_path / "hf"))
-    result = subprocess.run([sys.executable, "-c", LOADER, backend], env=env, capture_output=True,
+    result = subprocess.run([sys.executable, "-c", LOADER, dev.type, KERNEL_BACKEND[dev.type]], env=env, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     info = json.loads(result.stdout.strip().splitlines()[-1])

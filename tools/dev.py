@@ -85,6 +85,8 @@ def build_all() -> None:
     run([sys.executable, "tools/build.py", "--backend", "cpu"])
     if torch.version.cuda and torch.cuda.is_available():
         run([sys.executable, "tools/build.py", "--backend", "cuda"])
+    if sys.platform == "darwin" and torch.backends.mps.is_available():
+        run([sys.executable, "tools/build.py", "--backend", "metal"])
 
 
 def user_env() -> dict[str, str]:
