@@ -2,8 +2,10 @@
 
 score(q, d) = sum_i max_j <q_i, d_j>, for padded reranking, ragged pair grids (packed)
 and in-batch contrastive scoring, each with `_with_argmax` and autograd `_train` forms,
-plus pure-PyTorch references.
+plus pure-PyTorch references. `compat` holds drop-in adapters for PyLate and colpali-engine
+and the switches that route those libraries through maxsim (`patch_pylate`, ...).
 """
+from . import compat
 from ._api import (
     score_candidates_padded,
     score_candidates_padded_train,
@@ -14,6 +16,12 @@ from ._api import (
     score_pairs_packed,
     score_pairs_packed_train,
     score_pairs_packed_with_argmax,
+)
+from .compat import (
+    patch_colpali_engine,
+    patch_pylate,
+    unpatch_colpali_engine,
+    unpatch_pylate,
 )
 from ._reference import (
     maxsim_reference,
@@ -29,6 +37,11 @@ from ._reference import (
 )
 
 __all__ = [
+    "compat",
+    "patch_colpali_engine",
+    "patch_pylate",
+    "unpatch_colpali_engine",
+    "unpatch_pylate",
     "maxsim_reference",
     "score_candidates_padded",
     "score_candidates_padded_backward_reference",
