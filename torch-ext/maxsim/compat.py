@@ -97,23 +97,58 @@ def _lengths(shape, value: int, device) -> torch.Tensor:
     return torch.full(shape, value, dtype=torch.int32, device=device)
 
 
-def _all_vs_all(queries: torch.Tensor, documents: torch.Tensor) -> torch.Tensor:
-    """Every query [Nq, Lq, H] against every document [B, Ld, H], all positions counting."""
+def _all_vs_all(queries: torch.Tensor, documents: torch.Tensor, dtype: torch.dtype):
+    """Every query [Nq, Lq, H] against every document [B, Ld, H], all positions counting,
+    as the library's `dtype` arithmetic gives it."""
     nb, ld = documents.shape[0], documents.shape[1]
+    flat = documents.reshape(nb * ld, documents.shape[2])
     offsets = torch.arange(nb + 1, device=documents.device) * ld
-    form = _api.score_contrastive_train if _grad_can_flow(queries, documents) \
-        else _api.score_contrastive
-    return form(queries, documents.reshape(nb * ld, documents.shape[2]), offsets)
+    if _grad_can_flow(queries, documents):
+        return _api.score_contrastive_train(queries, flat, offsets).to(dtype)
+    if queries.dtype not in _HALF:
+        return _api.score_contrastive(queries, flat, offsets).to(dtype)
+    argmax = _api.score_contrastive_with_argmax(queries, flat, offsets)[1]
+    first_row = (torch.arange(nb, device=flat.device) * ld)[None, :, None]
+    return _library_sum(queries, flat, argmax.long() + first_row, dtype)
 
 
-def _per_query(queries: torch.Tensor, documents: torch.Tensor) -> torch.Tensor:
-    """Query b [Lq, H] against its candidates documents[b] [C, Ld, H], all positions counting."""
+def _per_query(queries: torch.Tensor, documents: torch.Tensor, dtype: torch.dtype):
+    """Query b [Lq, H] against its candidates documents[b] [C, Ld, H], all positions counting,
+    as the library's `dtype` arithmetic gives it."""
     b, lq = queries.shape[0], queries.shape[1]
     c, ld = documents.shape[1], documents.shape[2]
-    form = _api.score_candidates_padded_train if _grad_can_flow(queries, documents) \
-        else _api.score_candidates_padded
-    return form(queries, documents, _lengths((b,), lq, queries.device),
-                _lengths((b, c), ld, queries.device))
+    args = (queries, documents, _lengths((b,), lq, queries.device),
+            _lengths((b, c), ld, queries.device))
+    if _grad_can_flow(queries, documents):
+        return _api.score_candidates_padded_train(*args).to(dtype)
+    if queries.dtype not in _HALF:
+        return _api.score_candidates_padded(*args).to(dtype)
+    argmax = _api.score_candidates_padded_with_argmax(*args)[1]
+    first_row = (torch.arange(b * c, device=queries.device) * ld).reshape(b, c, 1)
+    return _library_sum(queries, documents.reshape(b * c * ld, -1), argmax.long() + first_row,
+                        dtype)
+
+
+_HALF = (torch.float16, torch.bfloat16)
+_GATHER_ELEMENTS = 1 << 25  # bound on the gathered winning document rows held at once
+
+
+def _library_sum(queries, flat_documents, rows, dtype):
+    """sum_i m_i the way the libraries round it with half-precision embeddings: each winning
+    similarity m_i in the embedding dtype, then (masks promoted) the sum in `dtype`.
+
+    maxsim sums the m_i in float32, which can land one half-precision step away from the
+    libraries' result; the winners (`rows` [Nq, Nb, Lq], from the argmax) are re-scored here
+    in float32, Nb-chunk by chunk, to round exactly as they do. Inference only: training takes
+    maxsim's float32 sum (a gradient does not see the rounding).
+    """
+    nq, nb, lq = rows.shape
+    step = max(1, _GATHER_ELEMENTS // max(1, nq * lq * queries.shape[-1]))
+    maxima = torch.cat([
+        torch.einsum("qnid,qid->qni", flat_documents[rows[:, n:n + step]].float(),
+                     queries.float())
+        for n in range(0, nb, step)], dim=1) if nb else rows.new_zeros(rows.shape).float()
+    return maxima.to(queries.dtype).to(dtype).sum(-1)
 
 
 # ---- PyLate 1.6 ------------------------------------------------------------------------------
@@ -131,8 +166,7 @@ def colbert_scores(queries_embeddings, documents_embeddings, queries_mask=None,
     _check_rank("documents_embeddings", documents, 3, "[B, Ld, H]")
     _check_tokens("documents_embeddings", documents)
     dtype = _library_dtype(queries, queries_mask, documents_mask)
-    scores = _all_vs_all(_scaled(queries, queries_mask), _scaled(documents, documents_mask))
-    return scores.to(dtype)
+    return _all_vs_all(_scaled(queries, queries_mask), _scaled(documents, documents_mask), dtype)
 
 
 def colbert_kd_scores(queries_embeddings, documents_embeddings, queries_mask=None,
@@ -145,8 +179,7 @@ def colbert_kd_scores(queries_embeddings, documents_embeddings, queries_mask=Non
     _check_rank("documents_embeddings", documents, 4, "[Nq, C, Ld, H]")
     _check_tokens("documents_embeddings", documents)
     dtype = _library_dtype(queries, queries_mask, documents_mask)
-    scores = _per_query(_scaled(queries, queries_mask), _scaled(documents, documents_mask))
-    return scores.to(dtype)
+    return _per_query(_scaled(queries, queries_mask), _scaled(documents, documents_mask), dtype)
 
 
 def colbert_scores_pairwise(queries_embeddings, documents_embeddings, backend=None):
@@ -164,7 +197,7 @@ def colbert_scores_pairwise(queries_embeddings, documents_embeddings, backend=No
         _check_tokens("documents_embeddings", documents)
         if p == 0:
             return torch.stack([])  # the library's error for no pairs
-        return _per_query(queries, documents.unsqueeze(1)).squeeze(1).to(queries.dtype)
+        return _per_query(queries, documents.unsqueeze(1), queries.dtype).squeeze(1)
     pairs = list(zip(queries_embeddings, documents_embeddings))
     if not pairs:
         return torch.stack([])
@@ -214,7 +247,7 @@ def maxsim_inbatch(query: torch.Tensor, doc: torch.Tensor) -> torch.Tensor:
     _check_rank("query", query, 3, "[Bq, Lq, d]")
     _check_rank("doc", doc, 3, "[Bd, Ld, d]")
     _check_tokens("doc", doc)
-    return _all_vs_all(query, doc).to(query.dtype)
+    return _all_vs_all(query, doc, query.dtype)
 
 
 def maxsim_kd(query: torch.Tensor, doc: torch.Tensor) -> torch.Tensor:
@@ -222,7 +255,7 @@ def maxsim_kd(query: torch.Tensor, doc: torch.Tensor) -> torch.Tensor:
     _check_rank("query", query, 3, "[B, Lq, d]")
     _check_rank("doc", doc, 4, "[B, N, Ld, d]")
     _check_tokens("doc", doc)
-    return _per_query(query, doc).to(query.dtype)
+    return _per_query(query, doc, query.dtype)
 
 
 def score_multi_vector(qs, ps, batch_size: int = 128, device=None) -> torch.Tensor:
@@ -240,15 +273,13 @@ def score_multi_vector(qs, ps, batch_size: int = 128, device=None) -> torch.Tens
     # Zero rows of a padded query add max_j <0, d_j> = 0 to every score, so the queries are
     # padded once; pages are padded chunk by chunk, as the library does.
     queries = torch.nn.utils.rnn.pad_sequence(list(qs), batch_first=True).to(device)
-    dtype = queries.dtype
     columns = []
     for start in range(0, len(ps), batch_size):
         pages = torch.nn.utils.rnn.pad_sequence(list(ps[start:start + batch_size]),
                                                 batch_first=True).to(device)
         _check_tokens("ps", pages)
-        columns.append(_all_vs_all(queries, pages))
-    # The library returns its input-dtype scores as float32.
-    return torch.cat(columns, dim=1).to(dtype).cpu().to(torch.float32)
+        columns.append(_all_vs_all(queries, pages, queries.dtype))
+    return torch.cat(columns, dim=1).cpu().to(torch.float32)
 
 
 # ---- patching --------------------------------------------------------------------------------
