@@ -65,6 +65,18 @@ struct ContrastivePolicy {  // queries [Nq,Lq,D], documents [T,D] cut by offsets
   }
 };
 
+struct ContrastivePaddedPolicy {  // queries [Nq,Lq,D], documents [Nb,Ld,D], lengths [Nb]
+  int64_t Nq, Nb, Lq, Ld;
+  IndexView document_lengths;
+  IndexView query_lengths;  // data == nullptr: every query has Lq rows
+  int64_t num_pairs() const { return Nq * Nb; }
+  PairSpec pair(int64_t p) const {
+    const int64_t q = p / Nb, n = p % Nb;
+    const int64_t qlen = query_lengths.data ? clamp_len(query_lengths[q], Lq) : Lq;
+    return {true, q * Lq, qlen, n * Ld, clamp_len(document_lengths[n], Ld)};
+  }
+};
+
 struct PackedPolicy {  // queries [Tq,D] cut by offsets [Nq+1]; documents [Td,D] by [Nd+1]
   int64_t Tq, Td;
   IndexView query_offsets, document_offsets, pair_query_ids, pair_document_ids;
@@ -319,9 +331,9 @@ void backward_owned(const Policy& pol, const Owners& owners,
   });
 }
 
-// Owners with a fixed stride: query b owns rows [b*L, b*L+L) and pairs
-// first + t*step for t < n (padded queries: b*C + c; contrastive queries: q*Nb + n;
-// contrastive documents: q*Nb + n over q).
+// Owners with a fixed stride: owner o owns rows [o*L, o*L+L) and pairs
+// o*pair_base_mul + t*step for t < n (padded queries: b*C + c; contrastive queries:
+// q*Nb + n; padded contrastive documents: q*Nb + n over q).
 struct StridedOwners {
   int64_t n_owners, rows_per_owner, pairs_per_owner, pair_base_mul, pair_step;
   int64_t count() const { return n_owners; }

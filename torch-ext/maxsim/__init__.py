@@ -1,7 +1,7 @@
 """maxsim: exact MaxSim (late-interaction scoring) without the [Lq, Ld] similarity matrix.
 
 score(q, d) = sum_i max_j <q_i, d_j>, for padded reranking, ragged pair grids (packed)
-and in-batch contrastive scoring, each with `_with_argmax` and autograd `_train` forms,
+and in-batch contrastive scoring (documents packed, or padded with lengths), each with `_with_argmax` and autograd `_train` forms,
 plus pure-PyTorch references. `compat` holds drop-in adapters for PyLate and colpali-engine
 and the switches that route those libraries through maxsim (`patch_pylate`, ...).
 """
@@ -11,6 +11,9 @@ from ._api import (
     score_candidates_padded_train,
     score_candidates_padded_with_argmax,
     score_contrastive,
+    score_contrastive_padded,
+    score_contrastive_padded_train,
+    score_contrastive_padded_with_argmax,
     score_contrastive_train,
     score_contrastive_with_argmax,
     score_pairs_packed,
@@ -29,6 +32,9 @@ from ._reference import (
     score_candidates_padded_reference,
     score_candidates_padded_with_argmax_reference,
     score_contrastive_backward_reference,
+    score_contrastive_padded_backward_reference,
+    score_contrastive_padded_reference,
+    score_contrastive_padded_with_argmax_reference,
     score_contrastive_reference,
     score_contrastive_with_argmax_reference,
     score_pairs_packed_backward_reference,
@@ -51,6 +57,12 @@ __all__ = [
     "score_candidates_padded_with_argmax_reference",
     "score_contrastive",
     "score_contrastive_backward_reference",
+    "score_contrastive_padded",
+    "score_contrastive_padded_backward_reference",
+    "score_contrastive_padded_reference",
+    "score_contrastive_padded_train",
+    "score_contrastive_padded_with_argmax",
+    "score_contrastive_padded_with_argmax_reference",
     "score_contrastive_reference",
     "score_contrastive_train",
     "score_contrastive_with_argmax",

@@ -151,6 +151,36 @@ def score_contrastive_backward_reference(
     return grad_q.to(queries.dtype), grad_d.to(documents.dtype)
 
 
+# ---- contrastive over padded documents: queries [Nq, Lq, D] x documents [Nb, Ld, D] -------
+
+def score_contrastive_padded_with_argmax_reference(queries, documents, document_lengths,
+                                                   query_lengths=None):
+    acc = _acc_dtype(queries)
+    nq, lq, _ = queries.shape
+    sims = torch.einsum("qid,njd->qnij", queries.to(acc), documents.to(acc))
+    if query_lengths is None:
+        query_lengths = torch.full((nq,), lq, dtype=torch.int64, device=queries.device)
+    q_len = query_lengths.to(torch.int64).unsqueeze(1).expand(nq, documents.shape[0])
+    return _reduce(sims, q_len, document_lengths.to(torch.int64).unsqueeze(0).expand(nq, -1))
+
+
+def score_contrastive_padded_reference(queries, documents, document_lengths, query_lengths=None):
+    return score_contrastive_padded_with_argmax_reference(
+        queries, documents, document_lengths, query_lengths
+    )[0]
+
+
+def score_contrastive_padded_backward_reference(
+    grad_scores, queries, documents, document_lengths, argmax, query_lengths=None
+):
+    """Document n starts at row n * Ld of the flattened documents: the packed case."""
+    nb, ld, dim = documents.shape
+    offsets = torch.arange(nb + 1, device=documents.device) * ld
+    grad_q, grad_d = score_contrastive_backward_reference(
+        grad_scores, queries, documents.reshape(nb * ld, dim), offsets, argmax, query_lengths)
+    return grad_q, grad_d.reshape(documents.shape)
+
+
 # ---- packed: arbitrary (query segment, document segment) pairs --------------------------
 
 def score_pairs_packed_with_argmax_reference(
