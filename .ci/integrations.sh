@@ -26,7 +26,7 @@ python3 -c 'import torch; print("torch==" + torch.__version__.split("+")[0])' > 
 # installed (patched) package.
 extract() {  # archive folder
     local top
-    top=$(tar -tzf "$1" | head -1 | cut -d/ -f1)
+    top=$(basename "$1" .tar.gz)  # sdists unpack into NAME-VERSION/
     mkdir -p "$WORK/$2"
     tar -xzf "$1" -C "$WORK/$2" --strip-components=1 "$top/tests" "$top/pyproject.toml"
 }

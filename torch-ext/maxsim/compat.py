@@ -97,19 +97,22 @@ def _lengths(shape, value: int, device) -> torch.Tensor:
     return torch.full(shape, value, dtype=torch.int32, device=device)
 
 
-def _all_vs_all(queries: torch.Tensor, documents: torch.Tensor, dtype: torch.dtype):
-    """Every query [Nq, Lq, H] against every document [B, Ld, H], all positions counting,
-    as the library's `dtype` arithmetic gives it."""
+def _all_vs_all(queries: torch.Tensor, documents: torch.Tensor, dtype: torch.dtype,
+                lengths: torch.Tensor | None = None):
+    """Every query [Nq, Lq, H] against every document [B, Ld, H] (rows at or past `lengths`
+    [B] do not count; default: all Ld), as the library's `dtype` arithmetic gives it."""
     nb, ld = documents.shape[0], documents.shape[1]
-    flat = documents.reshape(nb * ld, documents.shape[2])
-    offsets = torch.arange(nb + 1, device=documents.device) * ld
+    if lengths is None:
+        lengths = _lengths((nb,), ld, documents.device)
+    args = (queries, documents, lengths)
     if _grad_can_flow(queries, documents):
-        return _api.score_contrastive_train(queries, flat, offsets).to(dtype)
+        return _api.score_contrastive_padded_train(*args).to(dtype)
     if queries.dtype not in _HALF:
-        return _api.score_contrastive(queries, flat, offsets).to(dtype)
-    argmax = _api.score_contrastive_with_argmax(queries, flat, offsets)[1]
-    first_row = (torch.arange(nb, device=flat.device) * ld)[None, :, None]
-    return _library_sum(queries, flat, argmax.long() + first_row, dtype)
+        return _api.score_contrastive_padded(*args).to(dtype)
+    argmax = _api.score_contrastive_padded_with_argmax(*args)[1]
+    first_row = (torch.arange(nb, device=documents.device) * ld)[None, :, None]
+    return _library_sum(queries, documents.reshape(nb * ld, -1), argmax.long() + first_row,
+                        dtype)
 
 
 def _per_query(queries: torch.Tensor, documents: torch.Tensor, dtype: torch.dtype):
@@ -263,23 +266,36 @@ def score_multi_vector(qs, ps, batch_size: int = 128, device=None) -> torch.Tens
     float32 on the CPU, from lists of [L_i, d] tensors or padded [N, L, d] tensors.
 
     colpali-engine zero-pads pages per chunk of `batch_size`, so a page shorter than the longest
-    page of its chunk also competes with a zero vector (similarity 0); the result reproduces that.
+    page of its chunk also competes with a zero vector (similarity 0). Here every query meets
+    every page in one call over the pages padded once: such a page's length counts one zero
+    padding row, which reproduces that candidate exactly.
     """
     device = device or ("cuda:0" if torch.cuda.is_available() else "cpu")
     if len(qs) == 0:
         raise ValueError("No queries provided")
     if len(ps) == 0:
         raise ValueError("No passages provided")
-    # Zero rows of a padded query add max_j <0, d_j> = 0 to every score, so the queries are
-    # padded once; pages are padded chunk by chunk, as the library does.
-    queries = torch.nn.utils.rnn.pad_sequence(list(qs), batch_first=True).to(device)
-    columns = []
-    for start in range(0, len(ps), batch_size):
-        pages = torch.nn.utils.rnn.pad_sequence(list(ps[start:start + batch_size]),
-                                                batch_first=True).to(device)
-        _check_tokens("ps", pages)
-        columns.append(_all_vs_all(queries, pages, queries.dtype))
-    return torch.cat(columns, dim=1).cpu().to(torch.float32)
+    # Zero rows of a padded query add max_j <0, d_j> = 0 to every score: they may count.
+    queries = _padded(qs).to(device)
+    pages = _padded(ps).to(device)
+    _check_tokens("ps", pages)
+    if isinstance(ps, torch.Tensor):
+        lengths = None  # every row of a padded tensor is a token to the library
+    else:
+        counts = [p.shape[0] for p in ps]
+        lengths = []
+        for start in range(0, len(counts), batch_size):
+            chunk = counts[start:start + batch_size]
+            lengths += [n + (n < max(chunk)) for n in chunk]
+        lengths = torch.tensor(lengths, dtype=torch.int32).to(device)
+    scores = _all_vs_all(queries, pages, queries.dtype, lengths)
+    return scores.cpu().to(torch.float32)
+
+
+def _padded(xs) -> torch.Tensor:
+    if isinstance(xs, torch.Tensor):
+        return xs
+    return torch.nn.utils.rnn.pad_sequence(list(xs), batch_first=True)
 
 
 # ---- patching --------------------------------------------------------------------------------
