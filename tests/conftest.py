@@ -286,8 +286,30 @@ class Padded(Case):
             grad, q, d, c.query_lengths, c.doc_lengths, argmax.cpu())
 
 
+class _EveryQueryEveryDocument(Case):
+    """Contrastive cases: query q against document n is score [q, n]; query_lengths optional."""
+
+    query_lengths: torch.Tensor | None
+
+    def kwargs(self):
+        return {} if self.query_lengths is None else {"query_lengths": self.query_lengths}
+
+    def ref_kwargs(self):
+        return {"query_lengths": self.query_lengths}
+
+    @property
+    def argmax_width(self):
+        return self.queries.shape[1]
+
+    def segments(self):
+        nq, lq = self.queries.shape[:2]
+        ql = [lq] * nq if self.query_lengths is None else self.query_lengths.clamp(0, lq).tolist()
+        return [(i * lq, ql[i], start, length)
+                for i in range(nq) for start, length in self.document_rows()]
+
+
 @dataclasses.dataclass
-class Contrastive(Case):
+class Contrastive(_EveryQueryEveryDocument):
     queries: torch.Tensor
     documents: torch.Tensor
     document_offsets: torch.Tensor
@@ -297,26 +319,13 @@ class Contrastive(Case):
     def args(self):
         return self.queries, self.documents, self.document_offsets
 
-    def kwargs(self):
-        return {} if self.query_lengths is None else {"query_lengths": self.query_lengths}
-
-    def ref_kwargs(self):
-        return {"query_lengths": self.query_lengths}
-
     @property
     def score_shape(self):
         return (self.queries.shape[0], self.document_offsets.shape[0] - 1)
 
-    @property
-    def argmax_width(self):
-        return self.queries.shape[1]
-
-    def segments(self):
-        nq, lq = self.queries.shape[:2]
-        ql = [lq] * nq if self.query_lengths is None else self.query_lengths.clamp(0, lq).tolist()
+    def document_rows(self):
         off = self.document_offsets.tolist()
-        return [(i * lq, ql[i], off[n], off[n + 1] - off[n])
-                for i in range(nq) for n in range(len(off) - 1)]
+        return [(off[n], off[n + 1] - off[n]) for n in range(len(off) - 1)]
 
     def backward_reference(self, grad, argmax, queries=None, documents=None):
         c = self.as_float64_cpu()
@@ -327,7 +336,7 @@ class Contrastive(Case):
 
 
 @dataclasses.dataclass
-class ContrastivePadded(Case):
+class ContrastivePadded(_EveryQueryEveryDocument):
     queries: torch.Tensor
     documents: torch.Tensor  # [Nb, Ld, D]
     document_lengths: torch.Tensor
@@ -337,26 +346,14 @@ class ContrastivePadded(Case):
     def args(self):
         return self.queries, self.documents, self.document_lengths
 
-    def kwargs(self):
-        return {} if self.query_lengths is None else {"query_lengths": self.query_lengths}
-
-    def ref_kwargs(self):
-        return {"query_lengths": self.query_lengths}
-
     @property
     def score_shape(self):
         return (self.queries.shape[0], self.documents.shape[0])
 
-    @property
-    def argmax_width(self):
-        return self.queries.shape[1]
-
-    def segments(self):
-        nq, lq = self.queries.shape[:2]
-        nb, ld = self.documents.shape[:2]
-        ql = [lq] * nq if self.query_lengths is None else self.query_lengths.clamp(0, lq).tolist()
-        dl = self.document_lengths.clamp(0, ld).tolist()
-        return [(i * lq, ql[i], n * ld, dl[n]) for i in range(nq) for n in range(nb)]
+    def document_rows(self):
+        ld = self.documents.shape[1]
+        lengths = self.document_lengths.clamp(0, ld).tolist()
+        return [(n * ld, length) for n, length in enumerate(lengths)]
 
     def backward_reference(self, grad, argmax, queries=None, documents=None):
         c = self.as_float64_cpu()

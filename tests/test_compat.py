@@ -296,3 +296,5 @@ def test_errors_name_the_argument(device):
         c.maxsim_inbatch(q, d[:, :0])
     with pytest.raises(ValueError, match="No passages"):
         c.score_multi_vector([q[0]], [])
+    with pytest.raises(IndexError, match=r"ps\[0:1\]"):  # a chunk of empty pages
+        c.score_multi_vector([q[0]], [d[0, :0], d[1]], batch_size=1)

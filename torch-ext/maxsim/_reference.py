@@ -111,14 +111,9 @@ def score_candidates_padded_backward_reference(
 # ---- contrastive: queries [Nq, Lq, D] x packed documents -------------------------------
 
 def score_contrastive_with_argmax_reference(queries, documents, document_offsets, query_lengths=None):
-    acc = _acc_dtype(queries)
-    nq, lq, _ = queries.shape
-    docs, d_len = _segments_to_padded(documents.to(acc), document_offsets)
-    sims = torch.einsum("qid,njd->qnij", queries.to(acc), docs)
-    if query_lengths is None:
-        query_lengths = torch.full((nq,), lq, dtype=torch.int64, device=queries.device)
-    q_len = query_lengths.to(torch.int64).unsqueeze(1).expand(nq, d_len.numel())
-    return _reduce(sims, q_len, d_len.unsqueeze(0).expand(nq, -1))
+    """The documents padded (a copy), then scored as score_contrastive_padded does."""
+    docs, d_len = _segments_to_padded(documents.to(_acc_dtype(queries)), document_offsets)
+    return score_contrastive_padded_with_argmax_reference(queries, docs, d_len, query_lengths)
 
 
 def score_contrastive_reference(queries, documents, document_offsets, query_lengths=None):

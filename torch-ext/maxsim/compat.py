@@ -162,27 +162,28 @@ def colbert_scores(queries_embeddings, documents_embeddings, queries_mask=None,
 
     Masks ([Nq, Lq], [B, Ld]; bool, int or float) multiply the similarities, as in PyLate.
     """
-    _check_backend(backend)
-    queries = _as_tensor(queries_embeddings)
-    documents = _as_tensor(documents_embeddings)
-    _check_rank("queries_embeddings", queries, 3, "[Nq, Lq, H]")
-    _check_rank("documents_embeddings", documents, 3, "[B, Ld, H]")
-    _check_tokens("documents_embeddings", documents)
-    dtype = _library_dtype(queries, queries_mask, documents_mask)
-    return _all_vs_all(_scaled(queries, queries_mask), _scaled(documents, documents_mask), dtype)
+    return _masked_scores(_all_vs_all, "[B, Ld, H]", queries_embeddings, documents_embeddings,
+                          queries_mask, documents_mask, backend)
 
 
 def colbert_kd_scores(queries_embeddings, documents_embeddings, queries_mask=None,
                       documents_mask=None, backend=None) -> torch.Tensor:
     """PyLate's colbert_kd_scores: queries [Nq, Lq, H] x documents [Nq, C, Ld, H] -> [Nq, C]."""
+    return _masked_scores(_per_query, "[Nq, C, Ld, H]", queries_embeddings,
+                          documents_embeddings, queries_mask, documents_mask, backend)
+
+
+def _masked_scores(layout, documents_shape, queries_embeddings, documents_embeddings,
+                   queries_mask, documents_mask, backend):
     _check_backend(backend)
     queries = _as_tensor(queries_embeddings)
     documents = _as_tensor(documents_embeddings)
     _check_rank("queries_embeddings", queries, 3, "[Nq, Lq, H]")
-    _check_rank("documents_embeddings", documents, 4, "[Nq, C, Ld, H]")
+    _check_rank("documents_embeddings", documents, documents_shape.count(",") + 1,
+                documents_shape)
     _check_tokens("documents_embeddings", documents)
     dtype = _library_dtype(queries, queries_mask, documents_mask)
-    return _per_query(_scaled(queries, queries_mask), _scaled(documents, documents_mask), dtype)
+    return layout(_scaled(queries, queries_mask), _scaled(documents, documents_mask), dtype)
 
 
 def colbert_scores_pairwise(queries_embeddings, documents_embeddings, backend=None):
@@ -286,6 +287,9 @@ def score_multi_vector(qs, ps, batch_size: int = 128, device=None) -> torch.Tens
         lengths = []
         for start in range(0, len(counts), batch_size):
             chunk = counts[start:start + batch_size]
+            if max(chunk) == 0:
+                raise IndexError(f"ps[{start}:{start + len(chunk)}] has no tokens: the max over "
+                                 "them is undefined, as in the library's own code")
             lengths += [n + (n < max(chunk)) for n in chunk]
         lengths = torch.tensor(lengths, dtype=torch.int32).to(device)
     scores = _all_vs_all(queries, pages, queries.dtype, lengths)
@@ -322,6 +326,28 @@ def _set(record: list, owner, name: str, value) -> None:
     previous = vars(owner)[name] if isinstance(owner, type) else getattr(owner, name)
     record.append((owner, name, previous))
     setattr(owner, name, value)
+
+
+def _import_library(name: str):
+    """Import `name`, working around transformers 5.3.0 (the one version PyLate 1.6 and
+    colpali-engine 0.3.18 both accept), which expects kernels < 0.11 and raises ValueError at
+    import next to the kernels that loads maxsim: if it does, transformers is imported again
+    with its optional hub-kernel layer turned off (kernels hidden from that one import)."""
+    try:
+        importlib.import_module("transformers.integrations.hub_kernels")
+    except ImportError:
+        pass  # no transformers: the library reports what it misses itself
+    except ValueError:
+        saved = sys.modules.get("kernels")
+        sys.modules["kernels"] = None  # `from kernels import ...` raises ImportError
+        try:
+            importlib.import_module("transformers.integrations.hub_kernels")
+        finally:
+            if saved is None:
+                del sys.modules["kernels"]
+            else:
+                sys.modules["kernels"] = saved
+    return importlib.import_module(name)
 
 
 def _import_all(names: list[str]) -> list:
@@ -371,11 +397,13 @@ def patch_pylate() -> None:
     """Route PyLate's MaxSim (scores, losses incl. Distillation's default, rank.rerank,
     evaluators, model.similarity) through maxsim. Idempotent; `unpatch_pylate()` undoes it.
 
-    Losses built before patching keep the score function they were given.
+    Call it before building losses: a loss built before keeps the score function it was given
+    (Distillation's default included). Calling it before `import pylate` also gets PyLate past
+    transformers 5.3.0's import error next to a recent `kernels` (see _import_library).
     """
     if "pylate" in _PATCHES:
         return
-    colbert = importlib.import_module("pylate.scores.colbert")
+    colbert = _import_library("pylate.scores.colbert")
     _import_all(["pylate.scores", "pylate.scores.similarity_functions", "pylate.rank.rank",
                  "pylate.losses.contrastive", "pylate.losses.cached_contrastive",
                  "pylate.losses.distillation", "pylate.evaluation.colbert_distillation",
@@ -436,7 +464,7 @@ def patch_colpali_engine() -> None:
     score_multi_vector) through maxsim. Idempotent; `unpatch_colpali_engine()` undoes it."""
     if "colpali_engine" in _PATCHES:
         return
-    dispatch = importlib.import_module("colpali_engine.utils.maxsim")
+    dispatch = _import_library("colpali_engine.utils.maxsim")
     processing = importlib.import_module("colpali_engine.utils.processing_utils")
     _import_all(["colpali_engine.loss.late_interaction_losses", "colpali_engine.loss"])
 
