@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +27,7 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "tests" / "integrations"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 
 def run_tests() -> int:
@@ -40,18 +40,10 @@ def run_tests() -> int:
 
 
 def median_ms(fn, reps: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    """CUDA-event-timed median, as benchmarks/compare.py times every workload."""
+    from compare import time_ms
+
+    return time_ms(fn, "cuda", warmup, reps)
 
 
 def have_lik() -> bool:

@@ -141,17 +141,19 @@ def _library_sum(queries, flat_documents, rows, dtype):
     similarity m_i in the embedding dtype, then (masks promoted) the sum in `dtype`.
 
     maxsim sums the m_i in float32, which can land one half-precision step away from the
-    libraries' result; the winners (`rows` [Nq, Nb, Lq], from the argmax) are re-scored here
-    in float32, Nb-chunk by chunk, to round exactly as they do. Inference only: training takes
-    maxsim's float32 sum (a gradient does not see the rounding).
+    libraries' result; the winners (`rows` [Nq, Nb, Lq], from the argmax) are re-scored here,
+    as the libraries' einsum does (embedding dtype in and out, float32 accumulation), Nb-chunk
+    by chunk. Inference only: training takes maxsim's float32 sum (a gradient does not see
+    the rounding).
     """
     nq, nb, lq = rows.shape
     step = max(1, _GATHER_ELEMENTS // max(1, nq * lq * queries.shape[-1]))
-    maxima = torch.cat([
-        torch.einsum("qnid,qid->qni", flat_documents[rows[:, n:n + step]].float(),
-                     queries.float())
-        for n in range(0, nb, step)], dim=1) if nb else rows.new_zeros(rows.shape).float()
-    return maxima.to(queries.dtype).to(dtype).sum(-1)
+    columns = queries.unsqueeze(-1)  # [Nq, Lq, D, 1]
+    maxima = [torch.matmul(flat_documents[rows[:, n:n + step].transpose(1, 2)], columns)
+              for n in range(0, nb, step)]  # each [Nq, Lq, chunk, 1]
+    if not maxima:
+        return rows.new_zeros((nq, 0), dtype=dtype)
+    return torch.cat(maxima, dim=2).squeeze(-1).to(dtype).sum(1)
 
 
 # ---- PyLate 1.6 ------------------------------------------------------------------------------
