@@ -18,7 +18,6 @@ import pytest
 import torch
 
 import compat_semantics as sem
-from conftest import seed_for
 
 # (Lq, Ld); 300 x 300 runs once per adapter (test_long_queries_and_documents): the float64
 # per-pair reference is what costs
@@ -85,7 +84,8 @@ def _colpali_multi_vector(emb, masks):
 
 SPECS = [
     Spec("colbert_scores", True, _draw_all_vs_all, _masks_of,
-         lambda c, e, m: c.colbert_scores(*e, *m), lambda e, m: sem.colbert_scores(*e, *m), _pylate("colbert_scores")),
+         lambda c, e, m: c.colbert_scores(*e, *m), lambda e, m: sem.colbert_scores(*e, *m),
+         _pylate("colbert_scores")),
     Spec("colbert_kd_scores", True, _draw_per_query, _masks_of,
          lambda c, e, m: c.colbert_kd_scores(*e, *m), lambda e, m: sem.colbert_kd_scores(*e, *m),
          _pylate("colbert_kd_scores")),

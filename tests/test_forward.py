@@ -4,8 +4,8 @@ import torch
 
 from conftest import (
     FLOAT_DTYPES, INDEX_DTYPES, REF, SURFACES, Contrastive, as_padded_documents, assert_argmax,
-    assert_scores, lattice, make_case, make_contrastive, make_packed, make_padded, padded_as_packed, poison_allocator,
-    rand_lengths, run_train, skip_float64_unsupported, unit,
+    assert_scores, lattice, make_case, make_contrastive, make_packed, make_padded, padded_as_packed,
+    poison_allocator, rand_lengths, run_train, skip_float64_unsupported, unit,
 )
 
 DIMS = (1, 3, 64, 96, 100, 128, 256, 300, 520)  # > 256: the K-chunked tensor-core path on CUDA

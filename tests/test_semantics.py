@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from conftest import (
-    Contrastive, Packed, Padded, SURFACES, as_padded_documents, assert_argmax, assert_scores, flat_rows, ids, lattice,
-    make_case, make_contrastive, make_packed, make_padded, run_train, score_dtype, unit,
+    Contrastive, Packed, Padded, SURFACES, as_padded_documents, assert_argmax, assert_scores,
+    flat_rows, ids, lattice, make_case, make_contrastive, make_packed, make_padded, run_train, score_dtype, unit,
 )
 
 NAN, INF = float("nan"), float("inf")

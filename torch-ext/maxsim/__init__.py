@@ -1,8 +1,8 @@
 """maxsim: exact MaxSim (late-interaction scoring) without the [Lq, Ld] similarity matrix.
 
 score(q, d) = sum_i max_j <q_i, d_j>, for padded reranking, ragged pair grids (packed)
-and in-batch contrastive scoring (documents packed, or padded with lengths), each with `_with_argmax` and autograd `_train` forms,
-plus pure-PyTorch references. `compat` holds drop-in adapters for PyLate and colpali-engine
+and in-batch contrastive scoring (documents packed, or padded with lengths), each with
+`_with_argmax` and autograd `_train` forms, plus pure-PyTorch references. `compat` holds drop-in adapters for PyLate and colpali-engine
 and the switches that route those libraries through maxsim (`patch_pylate`, ...).
 """
 from . import compat

@@ -249,7 +249,8 @@ class ColBERTScores:
 # ---- colpali-engine 0.3 ----------------------------------------------------------------------
 
 def maxsim_inbatch(query: torch.Tensor, doc: torch.Tensor) -> torch.Tensor:
-    """colpali-engine's maxsim_inbatch: zero-padded query [Bq, Lq, d] x doc [Bd, Ld, d] -> [Bq, Bd]."""
+    """colpali-engine's maxsim_inbatch: zero-padded query [Bq, Lq, d] x doc [Bd, Ld, d]
+    -> [Bq, Bd]."""
     _check_rank("query", query, 3, "[Bq, Lq, d]")
     _check_rank("doc", doc, 3, "[Bd, Ld, d]")
     _check_tokens("doc", doc)
