@@ -51,19 +51,44 @@ struct PaddedPolicy {  // queries [B,Lq,D], documents [B,C,Ld,D]
   }
 };
 
-struct ContrastivePolicy {  // queries [Nq,Lq,D], documents [T,D] cut by offsets [Nb+1]
-  int64_t Nq, Nb, Lq, T;
-  IndexView document_offsets;
+// Where contrastive document n's rows are: cut from packed rows [T, D] by offsets [Nb+1],
+// or row n of a padded [Nb, Ld, D] tensor with lengths [Nb].
+struct OffsetDocuments {
+  IndexView offsets;
+  int64_t T;
+  bool rows(int64_t n, int64_t* start, int64_t* len) const {
+    const int64_t s = offsets[n], e = offsets[n + 1];
+    *start = s;
+    *len = e - s;
+    return 0 <= s && s <= e && e <= T;
+  }
+};
+struct PaddedDocuments {
+  IndexView lengths;
+  int64_t Ld;
+  bool rows(int64_t n, int64_t* start, int64_t* len) const {
+    *start = n * Ld;
+    *len = clamp_len(lengths[n], Ld);
+    return true;
+  }
+};
+
+template <class Documents>
+struct ContrastiveGrid {  // queries [Nq,Lq,D] against every document
+  int64_t Nq, Nb, Lq;
+  Documents documents;
   IndexView query_lengths;  // data == nullptr: every query has Lq rows
   int64_t num_pairs() const { return Nq * Nb; }
   PairSpec pair(int64_t p) const {
     const int64_t q = p / Nb, n = p % Nb;
-    const int64_t s = document_offsets[n], e = document_offsets[n + 1];
     const int64_t qlen = query_lengths.data ? clamp_len(query_lengths[q], Lq) : Lq;
-    const bool ok = 0 <= s && s <= e && e <= T;
-    return {ok, q * Lq, qlen, s, ok ? e - s : 0};
+    int64_t start = 0, len = 0;
+    const bool ok = documents.rows(n, &start, &len);
+    return {ok, q * Lq, qlen, start, ok ? len : 0};
   }
 };
+using ContrastivePolicy = ContrastiveGrid<OffsetDocuments>;
+using ContrastivePaddedPolicy = ContrastiveGrid<PaddedDocuments>;
 
 struct PackedPolicy {  // queries [Tq,D] cut by offsets [Nq+1]; documents [Td,D] by [Nd+1]
   int64_t Tq, Td;
@@ -319,9 +344,9 @@ void backward_owned(const Policy& pol, const Owners& owners,
   });
 }
 
-// Owners with a fixed stride: query b owns rows [b*L, b*L+L) and pairs
-// first + t*step for t < n (padded queries: b*C + c; contrastive queries: q*Nb + n;
-// contrastive documents: q*Nb + n over q).
+// Owners with a fixed stride: owner o owns rows [o*L, o*L+L) and pairs
+// o*pair_base_mul + t*step for t < n (padded queries: b*C + c; contrastive queries:
+// q*Nb + n; padded contrastive documents: q*Nb + n over q).
 struct StridedOwners {
   int64_t n_owners, rows_per_owner, pairs_per_owner, pair_base_mul, pair_step;
   int64_t count() const { return n_owners; }

@@ -148,7 +148,21 @@ ContrastivePolicy contrastive_policy(const at::Tensor& queries, const at::Tensor
   TORCH_CHECK(off.size >= 1, "maxsim_cpu: document_offsets needs Nb+1 >= 1 entries");
   IndexView ql;
   if (query_lengths.has_value()) ql = index_view(*query_lengths, "query_lengths", Nq);
-  return {Nq, off.size - 1, queries.size(1), documents.size(0), off, ql};
+  return {Nq, off.size - 1, queries.size(1), {off, documents.size(0)}, ql};
+}
+
+ContrastivePaddedPolicy contrastive_padded_policy(const at::Tensor& queries,
+                                                  const at::Tensor& documents,
+                                                  const at::Tensor& document_lengths,
+                                                  const std::optional<at::Tensor>& query_lengths) {
+  check_data(queries, "queries", 3);
+  check_data(documents, "documents", 3);
+  check_pair(queries, documents);
+  const int64_t Nq = queries.size(0), Nb = documents.size(0);
+  IndexView ql;
+  if (query_lengths.has_value()) ql = index_view(*query_lengths, "query_lengths", Nq);
+  return {Nq, Nb, queries.size(1),
+          {index_view(document_lengths, "document_lengths", Nb), documents.size(1)}, ql};
 }
 
 PackedPolicy packed_policy(const at::Tensor& queries, const at::Tensor& query_offsets,
@@ -182,6 +196,14 @@ std::tuple<at::Tensor, at::Tensor> contrastive_forward(
   return run_forward(pol, queries, documents, {pol.Nq, pol.Nb}, pol.Lq, with_argmax);
 }
 
+std::tuple<at::Tensor, at::Tensor> contrastive_padded_forward(
+    const at::Tensor& queries, const at::Tensor& documents, const at::Tensor& document_lengths,
+    const std::optional<at::Tensor>& query_lengths, bool with_argmax) {
+  const ContrastivePaddedPolicy pol =
+      contrastive_padded_policy(queries, documents, document_lengths, query_lengths);
+  return run_forward(pol, queries, documents, {pol.Nq, pol.Nb}, pol.Lq, with_argmax);
+}
+
 std::tuple<at::Tensor, at::Tensor> packed_forward(
     const at::Tensor& queries, const at::Tensor& query_offsets, const at::Tensor& documents,
     const at::Tensor& document_offsets, const at::Tensor& pair_query_ids,
@@ -211,8 +233,21 @@ std::tuple<at::Tensor, at::Tensor> contrastive_backward(
   const ContrastivePolicy pol = contrastive_policy(queries, documents, document_offsets, query_lengths);
   // Query q owns pairs q*Nb + n; document n owns pairs q*Nb + n over q.
   const StridedOwners qo{pol.Nq, pol.Lq, pol.Nb, pol.Nb, 1};
-  const OffsetOwnersStrided dow{pol.document_offsets, pol.T, pol.Nq, pol.Nb,
-                                offsets_monotone(pol.document_offsets)};
+  const IndexView& offsets = pol.documents.offsets;
+  const OffsetOwnersStrided dow{offsets, pol.documents.T, pol.Nq, pol.Nb, offsets_monotone(offsets)};
+  return run_backward(pol, grad_scores, queries, documents, argmax, qo, dow, need_grad_queries,
+                      need_grad_documents);
+}
+
+std::tuple<at::Tensor, at::Tensor> contrastive_padded_backward(
+    const at::Tensor& grad_scores, const at::Tensor& queries, const at::Tensor& documents,
+    const at::Tensor& document_lengths, const std::optional<at::Tensor>& query_lengths,
+    const at::Tensor& argmax, bool need_grad_queries, bool need_grad_documents) {
+  const ContrastivePaddedPolicy pol =
+      contrastive_padded_policy(queries, documents, document_lengths, query_lengths);
+  // Query q owns pairs q*Nb + n; document n owns rows [n*Ld, (n+1)*Ld) and pairs q*Nb + n.
+  const StridedOwners qo{pol.Nq, pol.Lq, pol.Nb, pol.Nb, 1};
+  const StridedOwners dow{pol.Nb, pol.documents.Ld, pol.Nq, 1, pol.Nb};
   return run_backward(pol, grad_scores, queries, documents, argmax, qo, dow, need_grad_queries,
                       need_grad_documents);
 }

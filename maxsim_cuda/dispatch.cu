@@ -15,6 +15,7 @@ cudaError_t forward_mma(const ForwardParams& p) {
   switch (p.surface) {
     case Surface::kPadded: return kernel::launch_forward_mma<T, 0>(p);
     case Surface::kContrastive: return kernel::launch_forward_mma<T, 1>(p);
+    case Surface::kContrastivePadded: return kernel::launch_forward_mma<T, 3>(p);
     default: return kernel::launch_forward_mma<T, 2>(p);
   }
 }
@@ -25,6 +26,7 @@ cudaError_t forward_mma_k(const ForwardParams& p) {
   switch (p.surface) {
     case Surface::kPadded: return kernel::launch_forward_mma_k<T, 0>(p);
     case Surface::kContrastive: return kernel::launch_forward_mma_k<T, 1>(p);
+    case Surface::kContrastivePadded: return kernel::launch_forward_mma_k<T, 3>(p);
     default: return kernel::launch_forward_mma_k<T, 2>(p);
   }
 }

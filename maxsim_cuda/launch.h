@@ -9,7 +9,11 @@
 
 namespace maxsim_cuda {
 
-enum class Surface : int { kPadded = 0, kContrastive = 1, kPacked = 2 };
+enum class Surface : int { kPadded = 0, kContrastive = 1, kPacked = 2, kContrastivePadded = 3 };
+
+// Both contrastive surfaces (documents cut by offsets, or padded with lengths) share block
+// shapes, scheduling and gradient ownership; only where a document's rows are differs.
+constexpr bool is_contrastive(int surface) { return surface == 1 || surface == 3; }
 enum class DType : int { kF16 = 0, kBF16 = 1, kF32 = 2, kF64 = 3 };
 
 // An index tensor (lengths, offsets, ids) of int32 or int64; `size` is its element count
@@ -25,6 +29,8 @@ struct IndexRef {
 //   padded:      queries [B,Lq,D]  documents [B,C,Ld,D]   num_queries=B, cands=C, lq=Lq, ld=Ld
 //   contrastive: queries [Nq,Lq,D] documents [T,D]        num_queries=Nq, num_docs=Nb, lq=Lq
 //   packed:      queries [Tq,D]    documents [Td,D]       num_queries=Nq, num_docs=Nd, pairs=P
+//   contrastive padded: queries [Nq,Lq,D] documents [Nb,Ld,D]  num_queries=Nq, num_docs=Nb,
+//                lq=Lq, ld=Ld, doc_lengths [Nb]
 struct Problem {
   Surface surface = Surface::kPadded;
   DType dtype = DType::kF16;
@@ -39,7 +45,8 @@ struct Problem {
   int64_t lq = 0;
   int64_t ld = 0;
   int64_t pairs = 0;  // B*C, Nq*Nb or P
-  IndexRef query_lengths, doc_lengths;    // padded (both), contrastive (query_lengths, optional)
+  IndexRef query_lengths, doc_lengths;    // padded (both), contrastive (query_lengths, optional),
+                                          // contrastive padded (doc_lengths; query_lengths optional)
   IndexRef query_offsets, doc_offsets;    // packed (both), contrastive (doc_offsets)
   IndexRef pair_query_ids, pair_doc_ids;  // packed
   int num_sms = 1;

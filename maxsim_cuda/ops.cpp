@@ -135,6 +135,24 @@ Problem contrastive_problem(const at::Tensor& q, const at::Tensor& d, const at::
   return p;
 }
 
+Problem contrastive_padded_problem(const at::Tensor& q, const at::Tensor& d,
+                                   const at::Tensor& document_lengths,
+                                   const std::optional<at::Tensor>& query_lengths) {
+  TORCH_CHECK(q.dim() == 3 && d.dim() == 3,
+              "maxsim: contrastive_padded expects [Nq,Lq,D] and [Nb,Ld,D]");
+  TORCH_CHECK(d.size(2) == q.size(2), "maxsim: dim mismatch");
+  Problem p = base_problem(Surface::kContrastivePadded, q, d);
+  p.num_queries = q.size(0);
+  p.num_docs = d.size(0);
+  p.lq = q.size(1);
+  p.ld = d.size(1);
+  p.pairs = p.num_queries * p.num_docs;
+  p.doc_lengths = index_ref(document_lengths, q, "document_lengths");
+  TORCH_CHECK(document_lengths.numel() == p.num_docs, "maxsim: document_lengths must be [Nb]");
+  if (query_lengths.has_value()) p.query_lengths = index_ref(*query_lengths, q, "query_lengths");
+  return p;
+}
+
 Problem packed_problem(const at::Tensor& q, const at::Tensor& query_offsets, const at::Tensor& d,
                        const at::Tensor& document_offsets, const at::Tensor& pair_query_ids,
                        const at::Tensor& pair_document_ids) {
@@ -236,6 +254,18 @@ std::tuple<at::Tensor, at::Tensor> contrastive_forward(const at::Tensor& queries
   return run_forward(p, queries, {p.num_queries, p.num_docs}, p.lq, with_argmax);
 }
 
+std::tuple<at::Tensor, at::Tensor> contrastive_padded_forward(const at::Tensor& queries,
+                                                              const at::Tensor& documents,
+                                                              const at::Tensor& document_lengths,
+                                                              const std::optional<at::Tensor>& query_lengths,
+                                                              bool with_argmax) {
+  const c10::cuda::CUDAGuard guard(queries.device());
+  auto p = with_problem<ForwardParams>(
+      contrastive_padded_problem(queries, documents, document_lengths, query_lengths));
+  p.variant = contrastive_variant();
+  return run_forward(p, queries, {p.num_queries, p.num_docs}, p.lq, with_argmax);
+}
+
 std::tuple<at::Tensor, at::Tensor> packed_forward(const at::Tensor& queries, const at::Tensor& query_offsets,
                                                   const at::Tensor& documents, const at::Tensor& document_offsets,
                                                   const at::Tensor& pair_query_ids,
@@ -273,6 +303,18 @@ std::tuple<at::Tensor, at::Tensor> contrastive_backward(const at::Tensor& grad_s
   auto p = with_problem<BackwardParams>(contrastive_problem(queries, documents, document_offsets, query_lengths));
   return run_backward(p, grad_scores, queries, documents, argmax, p.lq, need_grad_queries, need_grad_documents,
                       true, false);
+}
+
+// Padded documents: document n's CTAs write all its Ld rows (zeros past its length).
+std::tuple<at::Tensor, at::Tensor> contrastive_padded_backward(
+    const at::Tensor& grad_scores, const at::Tensor& queries, const at::Tensor& documents,
+    const at::Tensor& document_lengths, const std::optional<at::Tensor>& query_lengths,
+    const at::Tensor& argmax, bool need_grad_queries, bool need_grad_documents) {
+  const c10::cuda::CUDAGuard guard(queries.device());
+  auto p = with_problem<BackwardParams>(
+      contrastive_padded_problem(queries, documents, document_lengths, query_lengths));
+  return run_backward(p, grad_scores, queries, documents, argmax, p.lq, need_grad_queries, need_grad_documents,
+                      true, true);
 }
 
 std::tuple<at::Tensor, at::Tensor> packed_backward(

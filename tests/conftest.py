@@ -39,12 +39,13 @@ NO_BUILD = os.environ.get("MAXSIM_TEST_NO_BUILD") == "1" or "MAXSIM_TEST_REPO" i
 # Every public name the loaded module must expose (written out, not read from __all__).
 PUBLIC_NAMES = [
     f"{fn}{form}"
-    for fn in ("score_candidates_padded", "score_contrastive", "score_pairs_packed")
+    for fn in ("score_candidates_padded", "score_contrastive", "score_contrastive_padded",
+               "score_pairs_packed")
     for form in ("", "_with_argmax", "_train", "_reference", "_with_argmax_reference",
                  "_backward_reference")
 ] + ["maxsim_reference"]
 
-SURFACES = ("padded", "contrastive", "packed")
+SURFACES = ("padded", "contrastive", "contrastive_padded", "packed")
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -299,8 +300,30 @@ class Padded(Case):
             grad, q, d, c.query_lengths, c.doc_lengths, argmax.cpu())
 
 
+class _EveryQueryEveryDocument(Case):
+    """Contrastive cases: query q against document n is score [q, n]; query_lengths optional."""
+
+    query_lengths: torch.Tensor | None
+
+    def kwargs(self):
+        return {} if self.query_lengths is None else {"query_lengths": self.query_lengths}
+
+    def ref_kwargs(self):
+        return {"query_lengths": self.query_lengths}
+
+    @property
+    def argmax_width(self):
+        return self.queries.shape[1]
+
+    def segments(self):
+        nq, lq = self.queries.shape[:2]
+        ql = [lq] * nq if self.query_lengths is None else self.query_lengths.clamp(0, lq).tolist()
+        return [(i * lq, ql[i], start, length)
+                for i in range(nq) for start, length in self.document_rows()]
+
+
 @dataclasses.dataclass
-class Contrastive(Case):
+class Contrastive(_EveryQueryEveryDocument):
     queries: torch.Tensor
     documents: torch.Tensor
     document_offsets: torch.Tensor
@@ -310,26 +333,13 @@ class Contrastive(Case):
     def args(self):
         return self.queries, self.documents, self.document_offsets
 
-    def kwargs(self):
-        return {} if self.query_lengths is None else {"query_lengths": self.query_lengths}
-
-    def ref_kwargs(self):
-        return {"query_lengths": self.query_lengths}
-
     @property
     def score_shape(self):
         return (self.queries.shape[0], self.document_offsets.shape[0] - 1)
 
-    @property
-    def argmax_width(self):
-        return self.queries.shape[1]
-
-    def segments(self):
-        nq, lq = self.queries.shape[:2]
-        ql = [lq] * nq if self.query_lengths is None else self.query_lengths.clamp(0, lq).tolist()
+    def document_rows(self):
         off = self.document_offsets.tolist()
-        return [(i * lq, ql[i], off[n], off[n + 1] - off[n])
-                for i in range(nq) for n in range(len(off) - 1)]
+        return [(off[n], off[n + 1] - off[n]) for n in range(len(off) - 1)]
 
     def backward_reference(self, grad, argmax, queries=None, documents=None):
         c = self.as_float64_cpu()
@@ -337,6 +347,34 @@ class Contrastive(Case):
         d = c.documents if documents is None else documents
         return REF.score_contrastive_backward_reference(
             grad, q, d, c.document_offsets, argmax.cpu(), c.query_lengths)
+
+
+@dataclasses.dataclass
+class ContrastivePadded(_EveryQueryEveryDocument):
+    queries: torch.Tensor
+    documents: torch.Tensor  # [Nb, Ld, D]
+    document_lengths: torch.Tensor
+    query_lengths: torch.Tensor | None = None
+    fn = "score_contrastive_padded"
+
+    def args(self):
+        return self.queries, self.documents, self.document_lengths
+
+    @property
+    def score_shape(self):
+        return (self.queries.shape[0], self.documents.shape[0])
+
+    def document_rows(self):
+        ld = self.documents.shape[1]
+        lengths = self.document_lengths.clamp(0, ld).tolist()
+        return [(n * ld, length) for n, length in enumerate(lengths)]
+
+    def backward_reference(self, grad, argmax, queries=None, documents=None):
+        c = self.as_float64_cpu()
+        q = c.queries if queries is None else queries
+        d = c.documents if documents is None else documents
+        return REF.score_contrastive_padded_backward_reference(
+            grad, q, d, c.document_lengths, argmax.cpu(), c.query_lengths)
 
 
 @dataclasses.dataclass
@@ -441,12 +479,33 @@ def make_packed(gen, q_lens, d_lens, D, *, pairs=None, n_pairs=None, dtype=torch
         ids(pq, index_dtype, device), ids(pd, index_dtype, device), max_q_len)
 
 
+def as_padded_documents(case: Case) -> Case:
+    """A contrastive case handed over with padded documents [Nb, max length, D]: the same
+    tokens, the padding full of garbage that would change any result it entered. Other cases
+    are returned as they are, so tests can write `as_padded_documents(make_contrastive(...))`
+    for the contrastive_padded surface."""
+    if not isinstance(case, Contrastive):
+        return case
+    offsets = case.document_offsets.cpu().tolist()
+    lengths = [e - s for s, e in zip(offsets[:-1], offsets[1:])]
+    width = max(lengths, default=0)
+    gen = torch.Generator().manual_seed(len(offsets) * 131 + width)
+    docs = POISON * unit(gen, len(lengths), width, case.dim)
+    docs = docs.to(case.documents.dtype).to(case.documents.device)
+    for n, (s, length) in enumerate(zip(offsets[:-1], lengths)):
+        docs[n, :length] = case.documents[s:s + length]
+    return ContrastivePadded(case.queries, docs,
+                             ids(lengths, case.document_offsets.dtype, case.queries.device),
+                             case.query_lengths)
+
+
 def make_case(surface, gen, *, n=3, Lq=9, Ld=13, D=16, **kw) -> Case:
     """A small ragged case of any surface with about n queries and n documents each."""
     if surface == "padded":
         return make_padded(gen, n, n, Lq, Ld, D, **kw)
-    if surface == "contrastive":
-        return make_contrastive(gen, n, Lq, rand_lengths(gen, (n,), Ld), D, **kw)
+    if surface in ("contrastive", "contrastive_padded"):
+        case = make_contrastive(gen, n, Lq, rand_lengths(gen, (n,), Ld), D, **kw)
+        return as_padded_documents(case) if surface == "contrastive_padded" else case
     if surface == "packed":
         return make_packed(gen, rand_lengths(gen, (n,), Lq).tolist(),
                            rand_lengths(gen, (n + 1,), Ld).tolist(), D, n_pairs=2 * n + 1, **kw)

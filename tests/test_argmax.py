@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from conftest import (
-    Contrastive, Packed, Padded, SURFACES, assert_argmax, assert_scores, ids, lattice,
-    lowest_argmax, make_case, make_contrastive, make_packed, make_padded, unit,
+    Contrastive, Packed, Padded, SURFACES, as_padded_documents, assert_argmax, assert_scores, ids,
+    lattice, lowest_argmax, make_case, make_contrastive, make_packed, make_padded, unit,
 )
 
 
@@ -60,11 +60,13 @@ def test_all_tokens_identical(device, surface, rng):
     queries = unit(rng, 2, 5, dim)
     if surface == "padded":
         case = Padded(queries, token.expand(2, 2, ld, dim).clone(), ids([5, 3]), ids([[ld, 7], [1, ld]]))
-    elif surface == "contrastive":
+    elif surface.startswith("contrastive"):
         case = Contrastive(queries, token.expand(2 * ld, dim).clone(), ids([0, ld, 2 * ld]))
     else:
         case = Packed(queries.reshape(10, dim), ids([0, 5, 10]), token.expand(2 * ld, dim).clone(),
                       ids([0, ld, 2 * ld]), ids([0, 1, 1]), ids([1, 0, 1]))
+    if surface == "contrastive_padded":
+        case = as_padded_documents(case)
     case = case.to(dev)
     _, argmax = case.call(ms, "_with_argmax")
     assert_argmax(argmax, case, exact=True)
@@ -79,8 +81,10 @@ def test_minus_one_for_padding_and_empty_documents(device, surface, rng):
         case = make_padded(rng, 2, 3, 6, 10, 16, q_lens=[4, 0], d_lens=[[10, 0, 3], [5, 5, 0]], device=dev)
         expect_minus_one = [(0, 0, slice(4, None)), (0, 1, slice(None)), (0, 2, slice(4, None)),
                             (1, 0, slice(None)), (1, 1, slice(None)), (1, 2, slice(None))]
-    elif surface == "contrastive":
+    elif surface.startswith("contrastive"):
         case = make_contrastive(rng, 2, 6, [10, 0, 3], 16, q_lens=[4, 6], device=dev)
+        if surface == "contrastive_padded":
+            case = as_padded_documents(case)
         expect_minus_one = [(0, 0, slice(4, None)), (0, 1, slice(None)), (1, 1, slice(None))]
     else:
         case = make_packed(rng, [4, 0, 6], [10, 0], 16, pairs=[(0, 0), (0, 1), (1, 0), (2, 1), (2, 0)],

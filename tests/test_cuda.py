@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from conftest import (
-    BACKENDS, REF, REPO_ROOT, Contrastive, Padded, SURFACES, assert_grads, assert_scores, ids,
+    BACKENDS, REF, REPO_ROOT, Contrastive, ContrastivePadded, Padded, SURFACES,
+    as_padded_documents, assert_grads, assert_scores, ids,
     load_kernel, make_case, make_contrastive, make_packed, make_padded, run_train, unit,
 )
 
@@ -115,9 +116,11 @@ def test_thousands_of_candidates(ms, surface):
     gen = torch.Generator().manual_seed(11)
     if surface == "padded":
         case = make_padded(gen, 4, 3000, 32, 128, 128, dtype=torch.float16, device=CUDA)
-    elif surface == "contrastive":
+    elif surface.startswith("contrastive"):
         case = make_contrastive(gen, 64, 32, torch.randint(0, 257, (4000,), generator=gen), 128,
                                 dtype=torch.float16, device=CUDA)
+        if surface == "contrastive_padded":
+            case = as_padded_documents(case)
     else:
         case = make_packed(gen, torch.randint(1, 33, (200,), generator=gen).tolist(),
                            torch.randint(0, 257, (3000,), generator=gen).tolist(), 128,
@@ -148,6 +151,8 @@ def _bwd_args(c, g, argmax):
         return g, c.queries, c.documents, c.query_lengths, c.doc_lengths, argmax
     if isinstance(c, Contrastive):
         return g, c.queries, c.documents, c.document_offsets, argmax, c.query_lengths
+    if isinstance(c, ContrastivePadded):
+        return g, c.queries, c.documents, c.document_lengths, argmax, c.query_lengths
     return (g, c.queries, c.query_offsets, c.documents, c.document_offsets, c.pair_query_ids,
             c.pair_document_ids, argmax)
 
@@ -190,6 +195,15 @@ def test_64bit_indexing(ms, huge_documents, surface):
         pairs = [(scores[0, -2], argmax[0, -2], docs[0, -2]), (scores[0, -1], argmax[0, -1], docs[0, -1, :1000]),
                  (scores[0, 0], argmax[0, 0], docs[0, 0, :5])]
         q_of = [0, 0, 0]
+    elif surface == "contrastive_padded":
+        docs = huge_documents.view(C_BIG, LD_BIG, DIM_BIG)
+        lengths = torch.zeros(C_BIG, dtype=torch.int64)
+        lengths[-2:] = torch.tensor([LD_BIG, 1000])
+        lengths[0] = 5
+        scores, argmax = ms.score_contrastive_padded_with_argmax(queries, docs, lengths.to(CUDA))
+        pairs = [(scores[i, n], argmax[i, n], d) for i in range(2)
+                 for n, d in ((-2, docs[-2]), (-1, docs[-1, :1000]), (0, docs[0, :5]))]
+        q_of = [0, 0, 0, 1, 1, 1]
     elif surface == "contrastive":
         offsets = ids([0, t - 3000, t - 1000, t], device=CUDA)
         scores, argmax = ms.score_contrastive_with_argmax(queries, huge_documents, offsets)

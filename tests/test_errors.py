@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from conftest import (
-    Contrastive, assert_argmax, assert_scores, ids, make_contrastive, make_packed, make_padded,
+    Contrastive, as_padded_documents, assert_argmax, assert_scores, ids, make_contrastive,
+    make_packed, make_padded,
 )
 
 FORMS = ("", "_with_argmax", "_train")
@@ -22,6 +23,9 @@ def base(surface, gen, dev):
         return make_padded(gen, 2, 3, 4, 5, 8, device=dev, q_lens=[4, 2], d_lens=[[5, 0, 3], [1, 5, 2]])
     if surface == "contrastive":
         return make_contrastive(gen, 2, 4, [3, 0, 5], 8, q_lens=[4, 1], device=dev)
+    if surface == "contrastive_padded":
+        return as_padded_documents(make_contrastive(gen, 2, 4, [3, 0, 5], 8, q_lens=[4, 1],
+                                                    device=dev))
     return make_packed(gen, [2, 3], [4, 0, 1], 8, pairs=[(0, 0), (1, 2), (1, 1), (0, 2)], device=dev)
 
 
@@ -83,6 +87,24 @@ METADATA = {
         ("document_offsets-device", moved("document_offsets"), ValueError, "document_offsets"),
         ("query_lengths-device", moved("query_lengths"), ValueError, "query_lengths"),
     ],
+    "contrastive_padded": [
+        ("queries-rank", edit(queries=lambda c, _: c.queries[0]), ValueError, "queries"),
+        ("queries-int", as_dtype("queries", torch.int64), TypeError, "queries"),
+        ("documents-rank", edit(documents=lambda c, _: c.documents[0]), ValueError, "documents"),
+        ("documents-packed", edit(documents=lambda c, _: c.documents.flatten(0, 1)), ValueError, "documents"),
+        ("documents-dtype", as_dtype("documents", torch.float16), TypeError, "documents"),
+        ("dim-mismatch", edit(documents=lambda c, _: c.documents[..., :5]), ValueError, "embedding dim"),
+        ("document_lengths-shape", edit(document_lengths=lambda c, _: c.document_lengths[:2]), ValueError, "document_lengths"),
+        ("document_lengths-2d", edit(document_lengths=lambda c, _: c.document_lengths[None]), ValueError, "document_lengths"),
+        ("document_lengths-float", as_dtype("document_lengths", torch.float32), TypeError, "document_lengths"),
+        ("document_lengths-type", edit(document_lengths=[3, 0, 5]), TypeError, "document_lengths"),
+        ("query_lengths-shape", edit(query_lengths=lambda c, _: c.query_lengths[:1]), ValueError, "query_lengths"),
+        ("query_lengths-int16", as_dtype("query_lengths", torch.int16), TypeError, "query_lengths"),
+        ("queries-device", moved("queries"), ValueError, "queries"),
+        ("documents-device", moved("documents"), ValueError, "documents"),
+        ("document_lengths-device", moved("document_lengths"), ValueError, "document_lengths"),
+        ("query_lengths-device", moved("query_lengths"), ValueError, "query_lengths"),
+    ],
     "packed": [
         ("queries-rank", edit(queries=lambda c, _: c.queries[None]), ValueError, "queries"),
         ("queries-complex", as_dtype("queries", torch.complex64), TypeError, "queries"),
@@ -117,7 +139,8 @@ def set_index(name, values):
     return edit(**{name: lambda c, _: ids(values, getattr(c, name).dtype, getattr(c, name).device)})
 
 
-# Problems in index values (base cases: padded Lq=4, Ld=5; contrastive T=8, Lq=4;
+# Problems in index values (base cases: padded Lq=4, Ld=5; contrastive T=8, Lq=4; contrastive
+# padded Nb=3, Ld=5, Lq=4;
 # packed Tq=5 with 2 queries (longest 3), Td=5 with 3 documents).
 VALUES = {
     "padded": [
@@ -131,6 +154,12 @@ VALUES = {
         ("document_offsets-decreasing", set_index("document_offsets", [0, 5, 3, 8]), "document_offsets"),
         ("document_offsets-end-short", set_index("document_offsets", [0, 3, 3, 7]), "document_offsets"),
         ("document_offsets-end-long", set_index("document_offsets", [0, 3, 3, 9]), "document_offsets"),
+        ("query_lengths-negative", set_index("query_lengths", [-2, 1]), "query_lengths"),
+        ("query_lengths-above-Lq", set_index("query_lengths", [4, 9]), "query_lengths"),
+    ],
+    "contrastive_padded": [
+        ("document_lengths-negative", set_index("document_lengths", [3, -1, 5]), "document_lengths"),
+        ("document_lengths-above-Ld", set_index("document_lengths", [3, 0, 6]), "document_lengths"),
         ("query_lengths-negative", set_index("query_lengths", [-2, 1]), "query_lengths"),
         ("query_lengths-above-Lq", set_index("query_lengths", [4, 9]), "query_lengths"),
     ],
@@ -252,10 +281,10 @@ def test_bad_values_on_gpu(device, surface, name, mutate, match, monkeypatch, rn
     for form in ("", "_train"):
         assert torch.equal(outputs[form].isnan(), scores.isnan())
 
-    if name.startswith(("query_lengths", "doc_lengths")):
+    if name.startswith(("query_lengths", "doc_lengths", "document_lengths")):
         # clamped to [0, padded size]: the same as the reference on clamped lengths
         field = name.split("-")[0]
-        upper = case.queries.shape[1] if field == "query_lengths" else case.documents.shape[2]
+        upper = case.queries.shape[1] if field == "query_lengths" else case.documents.shape[-2]
         clamped = dataclasses.replace(case, **{field: getattr(case, field).clamp(0, upper)})
         assert_scores(scores, clamped)
         assert_argmax(argmax, clamped)

@@ -3,9 +3,9 @@ import pytest
 import torch
 
 from conftest import (
-    FLOAT_DTYPES, INDEX_DTYPES, REF, SURFACES, Contrastive, assert_argmax, assert_scores, lattice,
-    make_case, make_contrastive, make_packed, make_padded, padded_as_packed, poison_allocator,
-    rand_lengths, run_train, skip_float64_unsupported, unit,
+    FLOAT_DTYPES, INDEX_DTYPES, REF, SURFACES, Contrastive, as_padded_documents, assert_argmax,
+    assert_scores, lattice, make_case, make_contrastive, make_packed, make_padded, padded_as_packed,
+    poison_allocator, rand_lengths, run_train, skip_float64_unsupported, unit,
 )
 
 DIMS = (1, 3, 64, 96, 100, 128, 256, 300, 520)  # > 256: the K-chunked tensor-core path on CUDA
@@ -74,12 +74,14 @@ def test_long_sequences(device, surface, lq, ld, rng):
     dtype = torch.bfloat16 if (lq + ld) % 2 else torch.float32
     if surface == "padded":
         case = make_padded(rng, 2, 2, lq, ld, 128, dtype=dtype, device=dev)
-    elif surface == "contrastive":
+    elif surface.startswith("contrastive"):
         case = make_contrastive(rng, 2, lq, [ld, max(ld // 3, 1), 0], 128, dtype=dtype, device=dev)
     else:
         case = make_packed(rng, [lq, max(lq // 2, 1), 0], [ld, 1, max(ld // 2, 1)], 128,
                            pairs=[(0, 0), (1, 2), (0, 1), (2, 0), (0, 2), (1, 0)],
                            dtype=dtype, device=dev)
+    if surface == "contrastive_padded":
+        case = as_padded_documents(case)
     check_all_forms(ms, case)
 
 
@@ -89,11 +91,13 @@ def test_many_pairs(device, surface, rng):
     ms, dev = device
     if surface == "padded":
         case = make_padded(rng, 7, 60, 12, 40, 64, device=dev)
-    elif surface == "contrastive":
+    elif surface.startswith("contrastive"):
         case = make_contrastive(rng, 40, 12, rand_lengths(rng, (50,), 40), 64, device=dev)
     else:
         case = make_packed(rng, rand_lengths(rng, (30,), 12).tolist(),
                            rand_lengths(rng, (40,), 40).tolist(), 64, n_pairs=500, device=dev)
+    if surface == "contrastive_padded":
+        case = as_padded_documents(case)
     check_all_forms(ms, case)
 
 
@@ -112,6 +116,9 @@ def test_index_dtypes(device, surface, first, second, rng):
     elif surface == "contrastive":
         case.document_offsets = case.document_offsets.to(first)
         case.query_lengths = case.query_lengths.to(second)
+    elif surface == "contrastive_padded":
+        case.document_lengths = case.document_lengths.to(first)
+        case.query_lengths = case.query_lengths.to(second)
     else:
         case.query_offsets = case.query_offsets.to(first)
         case.pair_query_ids = case.pair_query_ids.to(first)
@@ -120,9 +127,12 @@ def test_index_dtypes(device, surface, first, second, rng):
     check_all_forms(ms, case)
 
 
-def test_contrastive_without_query_lengths(device, rng):
+@pytest.mark.parametrize("padded_documents", [False, True])
+def test_contrastive_without_query_lengths(device, padded_documents, rng):
     ms, dev = device
     case = make_contrastive(rng, 5, 17, [3, 0, 40, 1], 48, q_lens=None, device=dev)
+    if padded_documents:
+        case = as_padded_documents(case)
     check_all_forms(ms, case)
 
 
@@ -220,11 +230,12 @@ def test_expanded_queries(device, rng):
     assert_scores(scores, case)
 
 
-# ---- one set of tokens, three surfaces ----------------------------------------------------------
+# ---- one set of tokens, every surface ----------------------------------------------------------
 
 @pytest.mark.parametrize("values", ["unit", "lattice"])
 def test_packed_and_contrastive_equal_padded(device, values, rng):
-    """The same tokens given padded, packed and (for full-length queries) contrastive."""
+    """The same tokens given padded, packed and (for full-length queries) contrastive, with
+    documents packed or padded."""
     ms, dev = device
     gen_values = unit if values == "unit" else lattice
     b, c = 3, 4
@@ -239,12 +250,20 @@ def test_packed_and_contrastive_equal_padded(device, values, rng):
     own = torch.arange(b * c, device=dev).reshape(b, c)
     picked = contrastive_scores.gather(1, own)
     picked_argmax = contrastive_argmax[torch.arange(b, device=dev)[:, None], own]
+    # ... and with the padded documents as they are (a view, no packing copy)
+    ld, dim = case.documents.shape[2:]
+    grid_scores, grid_argmax = ms.score_contrastive_padded_with_argmax(
+        case.queries, case.documents.view(b * c, ld, dim), case.doc_lengths.view(b * c))
+    picked_grid = grid_scores.gather(1, own)
+    picked_grid_argmax = grid_argmax[torch.arange(b, device=dev)[:, None], own]
 
     assert_scores(padded_scores, case, exact=values == "lattice")
-    for other in (packed_scores.reshape(b, c), picked):
+    for other in (packed_scores.reshape(b, c), picked, picked_grid):
         torch.testing.assert_close(other, padded_scores, rtol=2e-6, atol=2e-6)
-    if values == "lattice":  # exact arithmetic: all three must agree bit for bit
+    if values == "lattice":  # exact arithmetic: all four must agree bit for bit
         assert torch.equal(packed_scores.reshape(b, c), padded_scores)
         assert torch.equal(picked, padded_scores)
+        assert torch.equal(picked_grid, padded_scores)
         assert torch.equal(packed_argmax.reshape(b, c, -1), padded_argmax)
         assert torch.equal(picked_argmax, padded_argmax)
+        assert torch.equal(picked_grid_argmax, padded_argmax)

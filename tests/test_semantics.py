@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from conftest import (
-    Contrastive, Packed, Padded, SURFACES, assert_argmax, assert_scores, flat_rows, ids, lattice,
-    make_case, make_contrastive, make_packed, make_padded, run_train, score_dtype, unit,
+    Contrastive, Packed, Padded, SURFACES, as_padded_documents, assert_argmax, assert_scores,
+    flat_rows, ids, lattice, make_case, make_contrastive, make_packed, make_padded, run_train, score_dtype, unit,
 )
 
 NAN, INF = float("nan"), float("inf")
@@ -31,7 +31,7 @@ def assert_bitwise(a: torch.Tensor, b: torch.Tensor, what=""):
 # ---- padding never counts -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("garbage", [NAN, INF, -INF, 1e4])
-@pytest.mark.parametrize("surface", ["padded", "contrastive"])
+@pytest.mark.parametrize("surface", ["padded", "contrastive", "contrastive_padded"])
 def test_padding_never_counts(device, surface, garbage, rng):
     """Rewriting every padding row (queries past their length, documents past theirs) with
     other garbage changes nothing: scores, argmax and the gradients of the real rows."""
@@ -48,6 +48,10 @@ def test_padding_never_counts(device, surface, garbage, rng):
     d2 = case.documents.clone()
     if surface == "padded":
         d_pad = torch.arange(case.documents.shape[2]) >= case.doc_lengths.cpu()[..., None]
+        d2[d_pad.to(dev)] = garbage
+        assert d_pad.any()
+    elif surface == "contrastive_padded":
+        d_pad = torch.arange(case.documents.shape[1]) >= case.document_lengths.cpu()[:, None]
         d2[d_pad.to(dev)] = garbage
         assert d_pad.any()
     assert q_pad.any()
@@ -75,8 +79,11 @@ def test_empty_query_scores_zero_and_empty_document_minus_inf(device, surface, r
         case = make_padded(rng, 2, 2, 5, 7, 16, q_lens=[0, 5], d_lens=[[7, 0], [0, 7]], device=dev)
         cells = {(0, 0): 0.0, (0, 1): 0.0, (1, 0): -INF}
         real = (1, 1)
-    elif surface == "contrastive":
-        case = make_contrastive(rng, 2, 5, [7, 0], 16, q_lens=[0, 5], device=dev)
+    elif surface.startswith("contrastive"):
+        case = as_padded_documents(make_contrastive(rng, 2, 5, [7, 0], 16, q_lens=[0, 5],
+                                                    device=dev)) \
+            if surface == "contrastive_padded" else \
+            make_contrastive(rng, 2, 5, [7, 0], 16, q_lens=[0, 5], device=dev)
         cells = {(0, 0): 0.0, (0, 1): 0.0, (1, 1): -INF}
         real = (1, 0)
     else:
@@ -113,6 +120,8 @@ def test_all_minus_inf_similarities_are_matched(device, surface, rng):
         case = Padded(q, d.reshape(1, 1, 6, dim), ids([3]), ids([[6]]))
     elif surface == "contrastive":
         case = Contrastive(q, d, ids([0, 6]))
+    elif surface == "contrastive_padded":
+        case = as_padded_documents(Contrastive(q, d, ids([0, 6])))
     else:
         case = Packed(q[0], ids([0, 3]), d, ids([0, 6]), ids([0]), ids([0]))
     scores, argmax = case.to(dev).call(ms, "_with_argmax")
@@ -200,6 +209,8 @@ def _empty_cases(surface, gen, dev):
             make_contrastive(gen, 3, 4, [3, 5], 0, device=dev),          # D = 0
             make_contrastive(gen, 0, 0, [], 0, device=dev, q_lens=None),
         ]
+    if surface == "contrastive_padded":
+        return [as_padded_documents(c) for c in _empty_cases("contrastive", gen, dev)]
     return [
         make_packed(gen, [3, 4], [5, 6], 8, pairs=[], device=dev),        # no pairs
         make_packed(gen, [], [], 8, pairs=[], device=dev),                # nothing at all

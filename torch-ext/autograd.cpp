@@ -1,4 +1,4 @@
-// Autograd for the three forward ops, registered at the Autograd key in C++.
+// Autograd for the four forward ops, registered at the Autograd key in C++.
 //
 // A Python autograd.Function costs tens of microseconds of host time per training step
 // (its apply, the GIL-holding backward callback, argument boxing), which is most of a
@@ -91,26 +91,38 @@ struct PaddedFn : torch::autograd::Function<PaddedFn> {
   }
 };
 
-struct ContrastiveFn : torch::autograd::Function<ContrastiveFn> {
-  static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& d, const Tensor& offsets,
+// The two contrastive surfaces (documents cut by offsets, or padded with lengths) share
+// their signatures; `Ops` names the forward and backward ops.
+template <class Ops>
+struct ContrastiveFn : torch::autograd::Function<ContrastiveFn<Ops>> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& d, const Tensor& segments,
                                const std::optional<Tensor>& ql, bool with_argmax) {
     at::AutoDispatchBelowADInplaceOrView below;
-    static const auto op = op_handle<ContrastiveFwd>("contrastive_forward");
-    auto [scores, argmax] = op.call(q, d, offsets, ql, with_argmax);
+    static const auto op = op_handle<ContrastiveFwd>(Ops::kForward);
+    auto [scores, argmax] = op.call(q, d, segments, ql, with_argmax);
     remember(ctx, with_argmax, argmax);
-    ctx->save_for_backward({q, d, offsets, argmax, ql.value_or(Tensor())});
+    ctx->save_for_backward({q, d, segments, argmax, ql.value_or(Tensor())});
     return {scores, argmax};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     require_argmax(ctx);
     if (!grads[0].defined()) return variable_list(5);
     at::AutoDispatchBelowADInplaceOrView below;
-    static const auto op = op_handle<ContrastiveBwd>("contrastive_backward");
+    static const auto op = op_handle<ContrastiveBwd>(Ops::kBackward);
     const auto s = ctx->get_saved_variables();
     const std::optional<Tensor> ql = s[4].defined() ? std::optional<Tensor>(s[4]) : std::nullopt;
     const bool nq = ctx->needs_input_grad(0), nd = ctx->needs_input_grad(1);
     return input_grads(5, 0, 1, op.call(grads[0].contiguous(), s[0], s[1], s[2], ql, s[3], nq, nd), nq, nd);
   }
+};
+
+struct OffsetDocumentOps {
+  static constexpr const char* kForward = "contrastive_forward";
+  static constexpr const char* kBackward = "contrastive_backward";
+};
+struct PaddedDocumentOps {
+  static constexpr const char* kForward = "contrastive_padded_forward";
+  static constexpr const char* kBackward = "contrastive_padded_backward";
 };
 
 // Pair indices grouped by id, stably (order [P] int64, offsets [count + 1] int64), so each
@@ -154,7 +166,11 @@ Pair padded_forward(const Tensor& q, const Tensor& d, const Tensor& ql, const Te
 }
 Pair contrastive_forward(const Tensor& q, const Tensor& d, const Tensor& offsets, const std::optional<Tensor>& ql,
                          bool with_argmax) {
-  return as_pair(ContrastiveFn::apply(q, d, offsets, ql, with_argmax));
+  return as_pair(ContrastiveFn<OffsetDocumentOps>::apply(q, d, offsets, ql, with_argmax));
+}
+Pair contrastive_padded_forward(const Tensor& q, const Tensor& d, const Tensor& lengths,
+                                const std::optional<Tensor>& ql, bool with_argmax) {
+  return as_pair(ContrastiveFn<PaddedDocumentOps>::apply(q, d, lengths, ql, with_argmax));
 }
 Pair packed_forward(const Tensor& q, const Tensor& q_offsets, const Tensor& d, const Tensor& d_offsets,
                     const Tensor& pq, const Tensor& pd, int64_t max_q_len, bool with_argmax) {
@@ -167,5 +183,6 @@ Pair packed_forward(const Tensor& q, const Tensor& q_offsets, const Tensor& d, c
 TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, Autograd, ops) {
   ops.impl("padded_forward", &maxsim_autograd::padded_forward);
   ops.impl("contrastive_forward", &maxsim_autograd::contrastive_forward);
+  ops.impl("contrastive_padded_forward", &maxsim_autograd::contrastive_padded_forward);
   ops.impl("packed_forward", &maxsim_autograd::packed_forward);
 }

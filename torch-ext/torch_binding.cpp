@@ -8,9 +8,11 @@
 #define MAXSIM_IMPL_BACKEND(ops, key, ns)                              \
   ops.impl("padded_forward", key, &ns::padded_forward);               \
   ops.impl("contrastive_forward", key, &ns::contrastive_forward);     \
+  ops.impl("contrastive_padded_forward", key, &ns::contrastive_padded_forward); \
   ops.impl("packed_forward", key, &ns::packed_forward);               \
   ops.impl("padded_backward", key, &ns::padded_backward);             \
   ops.impl("contrastive_backward", key, &ns::contrastive_backward);   \
+  ops.impl("contrastive_padded_backward", key, &ns::contrastive_padded_backward); \
   ops.impl("packed_backward", key, &ns::packed_backward);
 
 TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
@@ -19,6 +21,9 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "Tensor doc_lengths, bool with_argmax) -> (Tensor, Tensor)");
   ops.def(
       "contrastive_forward(Tensor queries, Tensor documents, Tensor document_offsets, "
+      "Tensor? query_lengths, bool with_argmax) -> (Tensor, Tensor)");
+  ops.def(
+      "contrastive_padded_forward(Tensor queries, Tensor documents, Tensor document_lengths, "
       "Tensor? query_lengths, bool with_argmax) -> (Tensor, Tensor)");
   ops.def(
       "packed_forward(Tensor queries, Tensor query_offsets, Tensor documents, "
@@ -31,6 +36,10 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def(
       "contrastive_backward(Tensor grad_scores, Tensor queries, Tensor documents, "
       "Tensor document_offsets, Tensor? query_lengths, Tensor argmax, "
+      "bool need_grad_queries, bool need_grad_documents) -> (Tensor, Tensor)");
+  ops.def(
+      "contrastive_padded_backward(Tensor grad_scores, Tensor queries, Tensor documents, "
+      "Tensor document_lengths, Tensor? query_lengths, Tensor argmax, "
       "bool need_grad_queries, bool need_grad_documents) -> (Tensor, Tensor)");
   ops.def(
       "packed_backward(Tensor grad_scores, Tensor queries, Tensor query_offsets, "

@@ -15,6 +15,10 @@
       const at::Tensor& queries, const at::Tensor& documents,                          \
       const at::Tensor& document_offsets,                                              \
       const std::optional<at::Tensor>& query_lengths, bool with_argmax);               \
+  std::tuple<at::Tensor, at::Tensor> contrastive_padded_forward(                       \
+      const at::Tensor& queries, const at::Tensor& documents,                          \
+      const at::Tensor& document_lengths,                                              \
+      const std::optional<at::Tensor>& query_lengths, bool with_argmax);               \
   std::tuple<at::Tensor, at::Tensor> packed_forward(                                   \
       const at::Tensor& queries, const at::Tensor& query_offsets,                      \
       const at::Tensor& documents, const at::Tensor& document_offsets,                 \
@@ -28,6 +32,11 @@
   std::tuple<at::Tensor, at::Tensor> contrastive_backward(                             \
       const at::Tensor& grad_scores, const at::Tensor& queries,                        \
       const at::Tensor& documents, const at::Tensor& document_offsets,                 \
+      const std::optional<at::Tensor>& query_lengths, const at::Tensor& argmax,        \
+      bool need_grad_queries, bool need_grad_documents);                               \
+  std::tuple<at::Tensor, at::Tensor> contrastive_padded_backward(                      \
+      const at::Tensor& grad_scores, const at::Tensor& queries,                        \
+      const at::Tensor& documents, const at::Tensor& document_lengths,                 \
       const std::optional<at::Tensor>& query_lengths, const at::Tensor& argmax,        \
       bool need_grad_queries, bool need_grad_documents);                               \
   std::tuple<at::Tensor, at::Tensor> packed_backward(                                  \

@@ -57,7 +57,8 @@ cudaError_t run_backward(const BackwardParams& p) {
     }
   }
   if (p.grad_documents != nullptr && a.nd > 0) {
-    const int64_t rows = SURF == 0 ? a.Ld : a.d_rows / a.nd + 1;  // per document (average)
+    // per document (padded layouts: exactly; segments: on average)
+    const int64_t rows = SURF == 0 || SURF == 3 ? a.Ld : a.d_rows / a.nd + 1;
     // Small batches: too few documents to fill the GPU, so split each into 16-row owners.
     a.rows_per_cta = a.nd * ((rows + 15) / 16) <= 4 * int64_t(p.num_sms) ? 16 : kDRows;
     int64_t ychunks = (rows + a.rows_per_cta - 1) / a.rows_per_cta;
@@ -88,6 +89,7 @@ cudaError_t launch_backward_typed(const BackwardParams& p) {
   switch (p.surface) {
     case Surface::kPadded: return run_backward<T, Acc, 0>(p);
     case Surface::kContrastive: return run_backward<T, Acc, 1>(p);
+    case Surface::kContrastivePadded: return run_backward<T, Acc, 3>(p);
     default: return run_backward<T, Acc, 2>(p);
   }
 }

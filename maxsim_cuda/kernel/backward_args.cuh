@@ -18,7 +18,7 @@ struct BwdArgs {
   T* grad_q;
   T* grad_d;
   int64_t dim, W, pairs, q_rows, d_rows;
-  int64_t nq, nd, C, Lq, Ld;  // nq: B / Nq / Nq; nd: B*C / Nb / Nd
+  int64_t nq, nd, C, Lq, Ld;  // nq: B / Nq / Nq / Nq; nd: B*C / Nb / Nd / Nb
   int rows_per_cta;           // R of grad_documents_kernel, <= kDRows
   IndexView qlens, dlens, qoffs, doffs, pqids, pdids, pbq, qpo, pbd, dpo;
 };
@@ -26,7 +26,8 @@ struct BwdArgs {
 // ---------------- per-surface pair sources ----------------
 
 // Padded: query b has pairs c = 0..C-1 (p = b*C + c); document p has the single pair p.
-// Contrastive: query q has pairs n = 0..Nb-1 (p = q*Nb + n); document n has q = 0..Nq-1.
+// Contrastive (documents packed or padded): query q has pairs n = 0..Nb-1 (p = q*Nb + n);
+// document n has q = 0..Nq-1.
 // Packed: CSR lists.
 
 template <class T, class Acc>

@@ -46,6 +46,12 @@ __global__ void __launch_bounds__(kDThreads) grad_documents_kernel(const BwdArgs
     if (!segment(a.doffs, doc, a.nd, a.d_rows, row0, dlen)) return;
     rows_total = dlen;
     nentries = a.nq * a.Lq;
+  } else if (SURF == 3) {  // every row of the padded document is written (zeros past dlen)
+    row0 = doc * a.Ld;
+    rows_total = a.Ld;
+    int64_t v;
+    dlen = a.dlens.get(doc, v) ? clamp64(v, 0, a.Ld) : 0;
+    nentries = a.nq * a.Lq;
   } else {
     if (!segment(a.doffs, doc, a.nd, a.d_rows, row0, dlen)) return;
     rows_total = dlen;
@@ -79,7 +85,7 @@ __global__ void __launch_bounds__(kDThreads) grad_documents_kernel(const BwdArgs
             const int64_t b = doc / a.C;
             qlen = query_len_padded(a, b);
             qr0 = b * a.Lq;
-          } else if (SURF == 1) {
+          } else if (is_contrastive(SURF)) {
             const int64_t q = k / a.Lq;
             i = k - q * a.Lq;
             p = q * a.nd + doc;

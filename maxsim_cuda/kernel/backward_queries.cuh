@@ -28,6 +28,10 @@ struct QuerySide {
       p = qq * a.C + k;
       dlen = clamp64(a.dlens.fetch(p, ok), 0, a.Ld);
       drow0 = p * a.Ld;
+    } else if (SURF == 3) {
+      p = qq * a.nd + k;
+      dlen = clamp64(a.dlens.fetch(k, ok), 0, a.Ld);
+      drow0 = k * a.Ld;
     } else if (SURF == 1) {
       p = qq * a.nd + k;
       bool ok1;
@@ -90,7 +94,7 @@ __global__ void __launch_bounds__(kQWarps * 32, 4) grad_queries_kernel(const Bwd
     qlen = query_len_padded(a, qq);
     out_row = row;
     npairs = a.C;
-  } else if (SURF == 1) {
+  } else if (is_contrastive(SURF)) {
     qq = row / a.Lq;
     i = row - qq * a.Lq;
     qlen = query_len_contrastive(a, qq);

@@ -47,7 +47,7 @@ template <class T, int SURF>
 cudaError_t launch_forward_mma(const ForwardParams& p) {
   const int bm = pick_bm(p);
   const int kd = p.dim <= 64 ? 64 : (p.dim <= 128 ? 128 : 256);
-  if constexpr (SURF != 1) {
+  if constexpr (!is_contrastive(SURF)) {
     // RerankWide measured faster for long documents (ColPali pages, ~7%), the 4-warp shape
     // for short ones (Ld 180-256, ~10%) on an H200; average document length decides.
     const int64_t avg_doc = SURF == 0 ? p.ld : (p.num_docs > 0 ? p.d_rows / p.num_docs : 0);
@@ -57,7 +57,7 @@ cudaError_t launch_forward_mma(const ForwardParams& p) {
                       : run_surface<typename RerankWide<T, 128>::type, SURF>(p);
     }
   }
-  if constexpr (SURF == 1) {
+  if constexpr (is_contrastive(SURF)) {
     // knob: 0 = 128-row blocks, anything else = 256-row blocks; default: 256 rows once
     // there are 256 stacked query rows to fill them
     const bool wide = p.variant >= 0 ? p.variant != 0 : p.num_queries * p.lq >= 256;
@@ -131,14 +131,14 @@ template <class T, int SURF>
 cudaError_t launch_forward_mma_k(const ForwardParams& p) {
   const int bm = pick_bm(p);
   if (bm == 32) {
-    if constexpr (SURF != 1) {
+    if constexpr (!is_contrastive(SURF)) {
       if (p.rerank_variant == 1) return run_surface<typename MmaKRerankWide<T>::type, SURF>(p);
       if (p.rerank_variant == 2) return run_surface<typename MmaKRerankK128<T>::type, SURF>(p);
     }
     return run_surface<typename MmaKConfig<T, 32>::type, SURF>(p);
   }
   if (bm == 64) return run_surface<typename MmaKConfig<T, 64>::type, SURF>(p);
-  if constexpr (SURF == 1) {
+  if constexpr (is_contrastive(SURF)) {
     using C = typename MmaKContrastive<T>::type;
     if (p.variant != 0 && smem_fits<C>()) return run_surface<C, SURF>(p);
   }
@@ -152,6 +152,7 @@ cudaError_t run_any_surface(const ForwardParams& p) {
   switch (p.surface) {
     case Surface::kPadded: return run_surface<ML, 0>(p);
     case Surface::kContrastive: return run_surface<ML, 1>(p);
+    case Surface::kContrastivePadded: return run_surface<ML, 3>(p);
     default: return run_surface<ML, 2>(p);
   }
 }

@@ -232,14 +232,17 @@ inline PaddedPolicy make_padded(const ForwardParams& p) {
   return PaddedPolicy{IndexView(p.query_lengths), IndexView(p.doc_lengths), p.num_queries, p.cands, p.lq, p.ld};
 }
 
-inline ContrastivePolicy make_contrastive(const ForwardParams& p, int bm) {
-  ContrastivePolicy pol;
+template <class Policy>
+inline Policy make_contrastive(const ForwardParams& p, int bm) {
+  Policy pol;
   pol.qlens = IndexView(p.query_lengths);
-  pol.doffs = IndexView(p.doc_offsets);
+  if constexpr (std::is_same_v<Policy, ContrastivePaddedPolicy>)
+    pol.docs = PaddedDocuments{IndexView(p.doc_lengths), p.num_docs, p.ld};
+  else
+    pol.docs = OffsetDocuments{IndexView(p.doc_offsets), p.num_docs, p.d_rows};
   pol.Nq = p.num_queries;
   pol.Nb = p.num_docs;
   pol.Lq = p.lq;
-  pol.T = p.d_rows;
   int64_t g = p.lq > 0 ? bm / p.lq : 1;
   if (g < 1) g = 1;
   if (g > p.num_queries) g = p.num_queries > 0 ? p.num_queries : 1;
@@ -260,7 +263,8 @@ inline PackedPolicy make_packed(const ForwardParams& p) {
 inline int64_t block_rows(const ForwardParams& p) {
   switch (p.surface) {
     case Surface::kPadded: return p.lq;
-    case Surface::kContrastive: {
+    case Surface::kContrastive:
+    case Surface::kContrastivePadded: {
       const int64_t r = p.num_queries * p.lq;
       return r < 128 ? r : 128;
     }
@@ -291,7 +295,10 @@ cudaError_t run_surface(const ForwardParams& p) {
   if constexpr (SURF == 0) {
     return run_forward<ML>(make_padded(p), a, p.num_sms, p.stream);
   } else if constexpr (SURF == 1) {
-    return run_forward<ML>(make_contrastive(p, ML::BM), a, p.num_sms, p.stream);
+    return run_forward<ML>(make_contrastive<ContrastivePolicy>(p, ML::BM), a, p.num_sms, p.stream);
+  } else if constexpr (SURF == 3) {
+    return run_forward<ML>(make_contrastive<ContrastivePaddedPolicy>(p, ML::BM), a, p.num_sms,
+                           p.stream);
   } else {
     return run_forward<ML>(make_packed(p), a, p.num_sms, p.stream);
   }

@@ -1,5 +1,5 @@
 // Indexing policies: for step s of a surface, which query rows and document rows it uses
-// and where its outputs go. One kernel family runs all three; a surface is only a policy.
+// and where its outputs go. One kernel family runs all four; a surface is only a policy.
 // A policy splits its index reads in two: ahead(s) issues the ones that depend only on s
 // (the kernel calls it one step early, so their latency hides behind the current step's
 // tiles) and step(s, ahead) does the rest.
@@ -113,11 +113,34 @@ struct PaddedPolicy {
   __device__ __forceinline__ int64_t seg_qlen(const StepDesc& d, int) const { return d.qlen0; }
 };
 
+// Where contrastive document n's rows are: a segment of packed rows cut by offsets, or row
+// n of a padded [Nb, Ld, D] tensor holding clamp(lengths[n], 0, Ld) real rows.
+struct OffsetDocuments {
+  IndexView doffs;
+  int64_t Nb, T;
+  __device__ __forceinline__ bool rows(int64_t n, int64_t& row0, int64_t& len) const {
+    return segment(doffs, n, Nb, T, row0, len);
+  }
+};
+struct PaddedDocuments {
+  IndexView dlens;
+  int64_t Nb, Ld;
+  __device__ __forceinline__ bool rows(int64_t n, int64_t& row0, int64_t& len) const {
+    int64_t v;
+    if (n < 0 || n >= Nb || !dlens.get(n, v)) return false;
+    row0 = n * Ld;
+    len = clamp64(v, 0, Ld);
+    return true;
+  }
+};
+
 // contrastive: G stacked queries (block qb) against document n; steps ordered so that the
 // CTAs running together share documents (see GroupedOrder).
-struct ContrastivePolicy {
-  IndexView qlens, doffs;  // qlens may be absent (every query has Lq rows)
-  int64_t Nq, Nb, Lq, T;
+template <class Documents>
+struct ContrastiveGrid {
+  IndexView qlens;  // may be absent (every query has Lq rows)
+  Documents docs;
+  int64_t Nq, Nb, Lq;
   int G;  // queries stacked per block
   GroupedOrder order;
 
@@ -131,7 +154,7 @@ struct ContrastivePolicy {
     return qlens.get(q, v) ? clamp64(v, 0, Lq) : 0;
   }
 
-  struct Ahead {};  // the offsets read depends on the grouped order: nothing to split off
+  struct Ahead {};  // the document read depends on the grouped order: nothing to split off
   __device__ __forceinline__ Ahead ahead(int64_t) const { return {}; }
 
   __device__ __forceinline__ StepDesc step(int64_t s, const Ahead&) const {
@@ -146,8 +169,8 @@ struct ContrastivePolicy {
     d.seg_stride = Lq > 0 ? Lq : 1;
     d.qlen0 = qlen_of(q0);
     int64_t o0 = 0, len = 0;
-    const bool ok = segment(doffs, n, Nb, T, o0, len);
-    d.doc_row0 = o0;
+    const bool ok = docs.rows(n, o0, len);
+    d.doc_row0 = ok ? o0 : 0;
     d.dlen = ok ? len : 0;
     d.out0 = q0 * Nb + n;
     d.out_stride = Nb;
@@ -158,6 +181,8 @@ struct ContrastivePolicy {
     return qlen_of(d.qkey * G + s);
   }
 };
+using ContrastivePolicy = ContrastiveGrid<OffsetDocuments>;
+using ContrastivePaddedPolicy = ContrastiveGrid<PaddedDocuments>;
 
 // packed: step = pair p; the query block changes only when pair_query_ids changes.
 struct PackedPolicy {

@@ -115,6 +115,49 @@ def score_contrastive_train(queries, documents, document_offsets, *, query_lengt
     return _call(ops.contrastive_forward, (*args, True), args[0], args[1])[0]
 
 
+# ---- contrastive over padded documents ---------------------------------------------------
+
+def _contrastive_padded_args(queries, documents, document_lengths, query_lengths):
+    check.embeddings("queries", queries, 3, "[Nq, Lq, D]")
+    check.embeddings("documents", documents, 3, "[Nb, Ld, D]")
+    check.same_dtype_and_dim(queries, documents)
+    check.index("document_lengths", document_lengths, (documents.shape[0],))
+    if query_lengths is not None:
+        check.index("query_lengths", query_lengths, (queries.shape[0],))
+    check.same_device(("queries", "documents", "document_lengths", "query_lengths"),
+                      queries, documents, document_lengths, query_lengths)
+    read = check.reads_values(queries)
+    check.lengths_in_range("document_lengths", document_lengths, documents.shape[1], "Ld", read)
+    if query_lengths is not None:
+        check.lengths_in_range("query_lengths", query_lengths, queries.shape[1], "Lq", read)
+        query_lengths = query_lengths.contiguous()
+    return (queries.contiguous(), documents.contiguous(), document_lengths.contiguous(),
+            query_lengths)
+
+
+def score_contrastive_padded(queries, documents, document_lengths, *, query_lengths=None):
+    """Every query against every document, documents padded (no packing copy needed).
+
+    queries [Nq, Lq, D], documents [Nb, Ld, D], document_lengths [Nb] (tokens at or past a
+    document's length do not count), optional query_lengths [Nq] -> scores [Nq, Nb] float32.
+    """
+    args = _contrastive_padded_args(queries, documents, document_lengths, query_lengths)
+    return _call(ops.contrastive_padded_forward, (*args, False), args[0], args[1])[0]
+
+
+def score_contrastive_padded_with_argmax(queries, documents, document_lengths, *,
+                                         query_lengths=None):
+    """Like score_contrastive_padded, plus argmax [Nq, Nb, Lq] int32 (-1 where unmatched)."""
+    args = _contrastive_padded_args(queries, documents, document_lengths, query_lengths)
+    return _call(ops.contrastive_padded_forward, (*args, True), args[0], args[1])
+
+
+def score_contrastive_padded_train(queries, documents, document_lengths, *, query_lengths=None):
+    """Differentiable score_contrastive_padded (gradients for queries and documents)."""
+    args = _contrastive_padded_args(queries, documents, document_lengths, query_lengths)
+    return _call(ops.contrastive_padded_forward, (*args, True), args[0], args[1])[0]
+
+
 # ---- packed ------------------------------------------------------------------------------
 
 def _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids,

@@ -111,14 +111,9 @@ def score_candidates_padded_backward_reference(
 # ---- contrastive: queries [Nq, Lq, D] x packed documents -------------------------------
 
 def score_contrastive_with_argmax_reference(queries, documents, document_offsets, query_lengths=None):
-    acc = _acc_dtype(queries)
-    nq, lq, _ = queries.shape
-    docs, d_len = _segments_to_padded(documents.to(acc), document_offsets)
-    sims = torch.einsum("qid,njd->qnij", queries.to(acc), docs)
-    if query_lengths is None:
-        query_lengths = torch.full((nq,), lq, dtype=torch.int64, device=queries.device)
-    q_len = query_lengths.to(torch.int64).unsqueeze(1).expand(nq, d_len.numel())
-    return _reduce(sims, q_len, d_len.unsqueeze(0).expand(nq, -1))
+    """The documents padded (a copy), then scored as score_contrastive_padded does."""
+    docs, d_len = _segments_to_padded(documents.to(_acc_dtype(queries)), document_offsets)
+    return score_contrastive_padded_with_argmax_reference(queries, docs, d_len, query_lengths)
 
 
 def score_contrastive_reference(queries, documents, document_offsets, query_lengths=None):
@@ -149,6 +144,36 @@ def score_contrastive_backward_reference(
     if docs.shape[0] > 0:  # no document rows: nothing matched (and index 0 would be out of range)
         grad_d.index_add_(0, rows_idx.reshape(-1), contrib.reshape(rows_idx.numel(), docs.shape[-1]))
     return grad_q.to(queries.dtype), grad_d.to(documents.dtype)
+
+
+# ---- contrastive over padded documents: queries [Nq, Lq, D] x documents [Nb, Ld, D] -------
+
+def score_contrastive_padded_with_argmax_reference(queries, documents, document_lengths,
+                                                   query_lengths=None):
+    acc = _acc_dtype(queries)
+    nq, lq, _ = queries.shape
+    sims = torch.einsum("qid,njd->qnij", queries.to(acc), documents.to(acc))
+    if query_lengths is None:
+        query_lengths = torch.full((nq,), lq, dtype=torch.int64, device=queries.device)
+    q_len = query_lengths.to(torch.int64).unsqueeze(1).expand(nq, documents.shape[0])
+    return _reduce(sims, q_len, document_lengths.to(torch.int64).unsqueeze(0).expand(nq, -1))
+
+
+def score_contrastive_padded_reference(queries, documents, document_lengths, query_lengths=None):
+    return score_contrastive_padded_with_argmax_reference(
+        queries, documents, document_lengths, query_lengths
+    )[0]
+
+
+def score_contrastive_padded_backward_reference(
+    grad_scores, queries, documents, document_lengths, argmax, query_lengths=None
+):
+    """Document n starts at row n * Ld of the flattened documents: the packed case."""
+    nb, ld, dim = documents.shape
+    offsets = torch.arange(nb + 1, device=documents.device) * ld
+    grad_q, grad_d = score_contrastive_backward_reference(
+        grad_scores, queries, documents.reshape(nb * ld, dim), offsets, argmax, query_lengths)
+    return grad_q, grad_d.reshape(documents.shape)
 
 
 # ---- packed: arbitrary (query segment, document segment) pairs --------------------------

@@ -39,6 +39,13 @@ def _(queries, documents, document_offsets, query_lengths, with_argmax):
     return scores, _argmax_like(queries, (nq, nb, queries.shape[1]), with_argmax)
 
 
+@torch.library.register_fake(add_op_namespace_prefix("contrastive_padded_forward"))
+def _(queries, documents, document_lengths, query_lengths, with_argmax):
+    nq, nb = queries.shape[0], documents.shape[0]
+    scores = queries.new_empty((nq, nb), dtype=_score_dtype(queries))
+    return scores, _argmax_like(queries, (nq, nb, queries.shape[1]), with_argmax)
+
+
 @torch.library.register_fake(add_op_namespace_prefix("packed_forward"))
 def _(queries, query_offsets, documents, document_offsets, pair_query_ids, pair_document_ids,
       max_q_len, with_argmax):
@@ -54,6 +61,11 @@ def _(grad_scores, queries, documents, query_lengths, doc_lengths, argmax, need_
 
 @torch.library.register_fake(add_op_namespace_prefix("contrastive_backward"))
 def _(grad_scores, queries, documents, document_offsets, query_lengths, argmax, need_q, need_d):
+    return _grads_like(queries, documents, need_q, need_d)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("contrastive_padded_backward"))
+def _(grad_scores, queries, documents, document_lengths, query_lengths, argmax, need_q, need_d):
     return _grads_like(queries, documents, need_q, need_d)
 
 
