@@ -39,6 +39,11 @@ for dtype in (torch.float16, torch.bfloat16, torch.float32):
         maxsim.score_contrastive(cq, docs, offs, query_lengths=cql)
         maxsim.score_contrastive_train(cq, docs, offs, query_lengths=cql).sum().backward()
 
+        pdocs = rand(5, ld, dim, dtype=dtype).requires_grad_()
+        plens = torch.tensor([0, 5, ld, 64, 1], device=dev, dtype=torch.int32)
+        maxsim.score_contrastive_padded_with_argmax(cq, pdocs, plens, query_lengths=cql)
+        maxsim.score_contrastive_padded_train(cq, pdocs, plens, query_lengths=cql).sum().backward()
+
         q_lens = torch.tensor([7, 0, 300, 33])
         qoffs = torch.cat([torch.zeros(1, dtype=torch.long), q_lens.cumsum(0)]).to(dev)
         pq_tok = rand(int(q_lens.sum()), dim, dtype=dtype).requires_grad_()
