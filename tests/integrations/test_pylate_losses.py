@@ -72,7 +72,11 @@ def test_loss_and_gradients_with_and_without_maxsim(device, name, dtype, do_quer
                              features(rng, batch, 13, dev)]
         labels = None
 
+    # PyLate's "auto" picks late-interaction-kernels on CUDA where it is installed (a kernel
+    # with other semantics, and no float64): the baseline is PyLate's own torch path.
+    monkeypatch.setenv("PYLATE_SCORES_BACKEND", "torch")
     torch_loss, torch_grads = _loss_and_grads(make_loss, model, sentence_features, labels)
+    monkeypatch.setenv("PYLATE_SCORES_BACKEND", "auto")  # patched: "auto" means maxsim
     calls = []
     api = device.ms.compat._api
     trains = [name for name in dir(api) if name.startswith("score_") and name.endswith("_train")]
