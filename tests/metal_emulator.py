@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SURFACE_IDS = {"padded": 0, "contrastive": 1, "packed": 2}
+SURFACE_IDS = {"padded": 0, "contrastive": 1, "packed": 2, "contrastive_padded": 3}
 DTYPE_IDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 FORWARD, REVERSE, RANDOM = 0, 1, 2
 POISON_A, POISON_B = 0x7FC0DEAD, 0x12345678  # a NaN pattern and a small positive float
@@ -128,6 +128,8 @@ class EmulatedMaxsim:
             num_pairs = sizes[0] * sizes[1]
         elif surface == "contrastive":
             num_pairs = sizes[0] * max(indices[0].numel() - 1, 0)
+        elif surface == "contrastive_padded":
+            num_pairs = sizes[0] * sizes[2]
         else:
             num_pairs = indices[2].numel()
         q, d = queries.contiguous(), documents.contiguous()
@@ -197,6 +199,14 @@ class EmulatedMaxsim:
                             [nq, lq, documents.shape[0]], lq, with_argmax)
         return s.reshape(nq, nb), (a.reshape(nq, nb, lq) if with_argmax else None)
 
+    def _contrastive_padded(self, queries, documents, document_lengths, query_lengths, with_argmax):
+        nq, lq = queries.shape[:2]
+        nb, ld = documents.shape[:2]
+        s, a = self.forward("contrastive_padded", queries, documents,
+                            [document_lengths, query_lengths, None, None], [nq, lq, nb, ld], lq,
+                            with_argmax)
+        return s.reshape(nq, nb), (a.reshape(nq, nb, lq) if with_argmax else None)
+
     def _packed(self, queries, query_offsets, documents, document_offsets, pair_query_ids,
                 pair_document_ids, max_q_len, with_argmax):
         if max_q_len is None:
@@ -218,6 +228,13 @@ class EmulatedMaxsim:
 
     def score_contrastive_with_argmax(self, queries, documents, document_offsets, query_lengths=None):
         return self._contrastive(queries, documents, document_offsets, query_lengths, True)
+
+    def score_contrastive_padded(self, queries, documents, document_lengths, query_lengths=None):
+        return self._contrastive_padded(queries, documents, document_lengths, query_lengths, False)[0]
+
+    def score_contrastive_padded_with_argmax(self, queries, documents, document_lengths,
+                                             query_lengths=None):
+        return self._contrastive_padded(queries, documents, document_lengths, query_lengths, True)
 
     def score_pairs_packed(self, *args, max_q_len=None):
         return self._packed(*args, max_q_len, False)[0]
@@ -242,6 +259,13 @@ class EmulatedMaxsim:
                     [nq, lq, case.documents.shape[0]], g, a)
             return (self.gradient("contrastive", True, *args),
                     self.gradient("contrastive", False, *args))
+        if fn == "score_contrastive_padded":
+            nq, lq = case.queries.shape[:2]
+            nb, ld = case.documents.shape[:2]
+            args = (case.queries, case.documents, [case.document_lengths, case.query_lengths, None, None],
+                    [nq, lq, nb, ld], g, a)
+            return (self.gradient("contrastive_padded", True, *args),
+                    self.gradient("contrastive_padded", False, *args))
         indices = [case.query_offsets, case.document_offsets, case.pair_query_ids, case.pair_document_ids]
         sizes = [case.queries.shape[0], case.documents.shape[0], a.shape[-1]]
         out = []
