@@ -1,9 +1,10 @@
 """The Metal kernels (maxsim_metal/*.metal) run on the Linux emulator (tools/metal_emu/),
 called through its C ABI on CPU tensors.
 
-`EmulatedMaxsim` exposes the public entry points' `""` and `_with_argmax` forms with the
-package's signatures, so the suite's Case objects (conftest.py) can call it like the
-loaded kernel; `backward()` runs the two gradient kernels. Every call runs the kernel in
+`EmulatedMaxsim` exposes the public entry points' `""`, `_with_argmax` and `_train` forms
+with the package's signatures, so the suite's Case objects (conftest.py) can call it like
+the loaded kernel; `backward()` runs the two gradient kernels (and `_train`'s autograd
+backward goes through it). Every call runs the kernel in
 each of `RunConfig.runs` (thread order, poison pattern, seed) and requires bitwise
 identical outputs across them.
 
@@ -17,6 +18,7 @@ import dataclasses
 import functools
 import importlib.util
 import os
+import types
 from pathlib import Path
 
 import torch
@@ -242,6 +244,35 @@ class EmulatedMaxsim:
     def score_pairs_packed_with_argmax(self, *args, max_q_len=None):
         return self._packed(*args, max_q_len, True)
 
+    # ---- the _train forms: the forward with argmax, the gradient kernels as its backward
+    def _train(self, fn, names, args, kwargs):
+        """`fn`'s _train form: names are its positional parameters, kwargs its keywords."""
+        def forward(queries, documents):
+            swapped = {"queries": queries, "documents": documents}
+            return getattr(self, fn + "_with_argmax")(
+                *[swapped.get(n, a) for n, a in zip(names, args)], **kwargs)
+
+        case = types.SimpleNamespace(fn=fn, **{"query_lengths": None, **dict(zip(names, args)), **kwargs})
+        return _Train.apply(self, forward, case, case.queries, case.documents)
+
+    def score_candidates_padded_train(self, *args):
+        return self._train("score_candidates_padded",
+                           ("queries", "documents", "query_lengths", "doc_lengths"), args, {})
+
+    def score_contrastive_train(self, *args, query_lengths=None):
+        return self._train("score_contrastive", ("queries", "documents", "document_offsets"), args,
+                           {} if query_lengths is None else {"query_lengths": query_lengths})
+
+    def score_contrastive_padded_train(self, *args, query_lengths=None):
+        return self._train("score_contrastive_padded", ("queries", "documents", "document_lengths"),
+                           args, {} if query_lengths is None else {"query_lengths": query_lengths})
+
+    def score_pairs_packed_train(self, *args, max_q_len=None):
+        return self._train("score_pairs_packed",
+                           ("queries", "query_offsets", "documents", "document_offsets",
+                            "pair_query_ids", "pair_document_ids"), args,
+                           {} if max_q_len is None else {"max_q_len": max_q_len})
+
     # ---- backward of a Case (conftest.py) given the forward's argmax
     def backward(self, case, grad_scores, argmax):
         fn = case.fn
@@ -275,6 +306,27 @@ class EmulatedMaxsim:
             out.append(self.gradient("packed", to_query, case.queries, case.documents, indices, sizes,
                                      g, a, pairs_by, pair_offsets))
         return tuple(out)
+
+
+class _Train(torch.autograd.Function):
+    """scores = forward(queries, documents); the backward runs the gradient kernels on the
+    forward's argmax, as the package's _train forms do."""
+
+    @staticmethod
+    def forward(ctx, ms, forward, case, queries, documents):
+        q, d = queries.detach(), documents.detach()
+        scores, argmax = forward(q, d)
+        ctx.ms = ms
+        ctx.case = types.SimpleNamespace(**{**vars(case), "queries": q, "documents": d,
+                                            "argmax_width": argmax.shape[-1]})
+        ctx.save_for_backward(argmax)
+        return scores
+
+    @staticmethod
+    def backward(ctx, grad_scores):
+        (argmax,) = ctx.saved_tensors
+        grad_queries, grad_documents = ctx.ms.backward(ctx.case, grad_scores.contiguous(), argmax)
+        return None, None, None, grad_queries, grad_documents
 
 
 def owner_lists(ids: torch.Tensor, n: int):

@@ -25,7 +25,7 @@ import torch
 from conftest import (
     INDEX_DTYPES, SURFACES, ContrastivePadded, Packed, as_padded_documents, assert_argmax,
     assert_grads, assert_scores, expected_grads, ids, lattice, make_case, make_contrastive,
-    make_packed, make_padded, unit,
+    make_packed, make_padded, run_train, unit,
 )
 import metal_emulator as emu
 
@@ -95,6 +95,20 @@ def test_index_widths_give_identical_bits(ms, surface, rng):
         outs.append((s, a) + ms.backward(c, g, a))
     for x, y in zip(*outs):
         assert torch.equal(bits(x), bits(y))
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_train_forms(ms, surface, rng):
+    """`_train` scores are the forward's bits; autograd's gradients are the kernels'."""
+    case = make_case(surface, rng, n=3, Lq=11, Ld=14, D=24, dtype=torch.float16)
+    g = unit(rng, *case.score_shape)  # mixed signs
+    scores, gq, gd = run_train(ms, case, g)
+    ref_scores, argmax = case.call(ms, "_with_argmax")
+    assert torch.equal(bits(scores.detach()), bits(ref_scores))
+    eq, ed, bq, bd = expected_grads(case, g, argmax)
+    assert_grads(gq, eq, bq, case.queries.dtype)
+    assert_grads(gd, ed, bd, case.documents.dtype)
+    assert gq.abs().sum() > 0 and gd.abs().sum() > 0
 
 
 # ---- lengths, dims, long rows -----------------------------------------------------------------
