@@ -18,7 +18,12 @@ inline const char* dtype_name(Dtype t) {
   return t == Dtype::kFloat ? "float" : t == Dtype::kHalf ? "half" : "bfloat";
 }
 inline const char* surface_name(MaxsimSurface s) {
-  return s == kMaxsimPadded ? "padded" : s == kMaxsimContrastive ? "contrastive" : "packed";
+  switch (s) {
+    case kMaxsimPadded: return "padded";
+    case kMaxsimContrastive: return "contrastive";
+    case kMaxsimContrastivePadded: return "contrastive_padded";
+    default: return "packed";
+  }
 }
 
 // Buffer slots, as the [[buffer(n)]] attributes of maxsim_forward / maxsim_backward
@@ -88,6 +93,22 @@ inline MaxsimParams contrastive_params(int64_t Nq, int64_t Lq, int64_t T, int64_
   return p;
 }
 
+// queries [Nq,Lq,D], documents [Nb,Ld,D], document_lengths [Nb], query_lengths [Nq] or absent
+inline MaxsimParams contrastive_padded_params(int64_t Nq, int64_t Lq, int64_t Nb, int64_t Ld,
+                                              int64_t dim, IndexArg document_lengths,
+                                              IndexArg query_lengths, bool with_argmax) {
+  MaxsimParams p = empty_params(dim, Nq * Lq, Nb * Ld, with_argmax);
+  p.Nq = Nq;
+  p.Nb = Nb;
+  p.Lq = Lq;
+  p.Ld = Ld;
+  p.num_pairs = Nq * Nb;
+  p.argmax_width = Lq;
+  set_index(p, 0, document_lengths);
+  set_index(p, 1, query_lengths);
+  return p;
+}
+
 // queries [Tq,D], documents [Td,D], offsets [Nq+1] / [Nd+1], pair ids [P]
 inline MaxsimParams packed_params(int64_t Tq, int64_t Td, int64_t dim, IndexArg query_offsets,
                                   IndexArg document_offsets, IndexArg pair_query_ids,
@@ -138,9 +159,12 @@ inline Launch plan_backward(MaxsimSurface surface, Dtype dtype, bool to_query, M
   if (surface == kMaxsimPadded) {
     owners = to_query ? params.B : params.B * params.C;
     rows = to_query ? params.Lq : params.Ld;
-  } else if (surface == kMaxsimContrastive && to_query) {
+  } else if ((surface == kMaxsimContrastive || surface == kMaxsimContrastivePadded) && to_query) {
     owners = params.Nq;
     rows = params.Lq;
+  } else if (surface == kMaxsimContrastivePadded) {
+    owners = params.Nb;
+    rows = params.Ld;
   } else {
     tiled = false;
     const int offsets_slot = surface == kMaxsimContrastive ? 0 : (to_query ? 0 : 1);

@@ -173,6 +173,18 @@ std::tuple<at::Tensor, at::Tensor> contrastive_forward(const at::Tensor& queries
                  query_lengths ? &*query_lengths : nullptr, nullptr, nullptr, {p.Nq, p.Nb}, with_argmax);
 }
 
+std::tuple<at::Tensor, at::Tensor> contrastive_padded_forward(const at::Tensor& queries,
+                                                              const at::Tensor& documents,
+                                                              const at::Tensor& document_lengths,
+                                                              const std::optional<at::Tensor>& query_lengths,
+                                                              bool with_argmax) {
+  const MaxsimParams p = contrastive_padded_params(queries.size(0), queries.size(1), documents.size(0),
+                                                   documents.size(1), queries.size(2), index_arg(document_lengths),
+                                                   index_arg(query_lengths), with_argmax);
+  return forward(kMaxsimContrastivePadded, p, queries, documents, &document_lengths,
+                 query_lengths ? &*query_lengths : nullptr, nullptr, nullptr, {p.Nq, p.Nb}, with_argmax);
+}
+
 std::tuple<at::Tensor, at::Tensor> packed_forward(const at::Tensor& queries, const at::Tensor& query_offsets,
                                                   const at::Tensor& documents, const at::Tensor& document_offsets,
                                                   const at::Tensor& pair_query_ids,
@@ -211,6 +223,25 @@ std::tuple<at::Tensor, at::Tensor> contrastive_backward(const at::Tensor& grad_s
   auto grad = [&](bool to_query) {
     return gradient(kMaxsimContrastive, to_query, p, grad_scores, queries, documents, argmax, &document_offsets,
                     query_lengths ? &*query_lengths : nullptr, nullptr, nullptr, nullptr, nullptr);
+  };
+  return {need_grad_queries ? grad(true) : none_like(queries),
+          need_grad_documents ? grad(false) : none_like(documents)};
+}
+
+std::tuple<at::Tensor, at::Tensor> contrastive_padded_backward(const at::Tensor& grad_scores,
+                                                               const at::Tensor& queries,
+                                                               const at::Tensor& documents,
+                                                               const at::Tensor& document_lengths,
+                                                               const std::optional<at::Tensor>& query_lengths,
+                                                               const at::Tensor& argmax, bool need_grad_queries,
+                                                               bool need_grad_documents) {
+  const MaxsimParams p = contrastive_padded_params(queries.size(0), queries.size(1), documents.size(0),
+                                                   documents.size(1), queries.size(2), index_arg(document_lengths),
+                                                   index_arg(query_lengths), true);
+  auto grad = [&](bool to_query) {
+    return gradient(kMaxsimContrastivePadded, to_query, p, grad_scores, queries, documents, argmax,
+                    &document_lengths, query_lengths ? &*query_lengths : nullptr, nullptr, nullptr, nullptr,
+                    nullptr);
   };
   return {need_grad_queries ? grad(true) : none_like(queries),
           need_grad_documents ? grad(false) : none_like(documents)};

@@ -42,13 +42,17 @@ enum MaxsimBackwardLayout {
 };
 
 // Surfaces (docs/design.md): which index buffers a kernel reads and how.
-enum MaxsimSurface { kMaxsimPadded = 0, kMaxsimContrastive = 1, kMaxsimPacked = 2 };
+// contrastive_padded is contrastive with documents [Nb, Ld, D] and their lengths instead of
+// packed documents and offsets.
+enum MaxsimSurface {
+  kMaxsimPadded = 0, kMaxsimContrastive = 1, kMaxsimPacked = 2, kMaxsimContrastivePadded = 3,
+};
 
 // Everything a kernel needs besides the buffers. Index buffers are read through their
 // width flag (index_is64[k] for the k-th index buffer), so int32 and int64 mix freely.
 struct MaxsimParams {
   // sizes of the surface (unused ones 0)
-  maxsim_i64 B, C, Lq, Ld;         // padded
+  maxsim_i64 B, C, Lq, Ld;         // padded (Lq, Ld also contrastive_padded)
   maxsim_i64 Nq, Nb;               // contrastive: Nq queries of Lq rows, Nb documents
   maxsim_i64 Tq, Td;               // rows of queries / documents tensors (all surfaces)
   maxsim_i64 num_pairs;            // scores.numel()

@@ -1,6 +1,7 @@
 // Indexing policies of the Metal kernels (MSL): for pair p, which query and document rows
 // it uses (docs/design.md), and for the backward, which pairs touch an owner's rows. The
-// same three surfaces as maxsim_cpu/kernels.h and maxsim_cuda/kernel/policies.cuh. Every
+// same four surfaces as maxsim_cpu/kernels.h and maxsim_cuda/kernel/policies.cuh (the two
+// contrastive ones are one grid over offset or padded documents). Every
 // index read is range-checked against its tensor, so bad values give a "not ok" pair
 // (NaN score, argmax -1, no gradient) instead of an out-of-bounds access.
 #pragma once
@@ -62,11 +63,27 @@ struct PairSpec {
 // Index buffer slots per surface (MaxsimParams::index_*[k] describes slot k):
 //   padded:      0 query_lengths [B], 1 doc_lengths [B*C]
 //   contrastive: 0 document_offsets [Nb+1], 1 query_lengths [Nq] (optional)
+//   contrastive_padded: 0 document_lengths [Nb], 1 query_lengths [Nq] (optional)
 //   packed:      0 query_offsets, 1 document_offsets, 2 pair_query_ids, 3 pair_document_ids
 //   backward:    4 pairs_by_<owner>, 5 <owner>_pair_offsets (packed only)
+constexpr bool is_contrastive(int surface) {
+  return surface == kMaxsimContrastive || surface == kMaxsimContrastivePadded;
+}
+
 template <int kSurface> struct Policy {
   long B, C, Lq, Ld, Nb, Tq, Td;
   IndexView idx0, idx1, idx2, idx3;
+
+  // contrastive document n: an offsets segment, or padded row block n with its length
+  // clamped to [0, Ld] (as the CPU and CUDA backends do)
+  bool contrastive_document(long n, thread long& row, thread long& len) const {
+    if (kSurface == kMaxsimContrastive) return segment(idx0, Td, n, row, len);
+    long v = 0;
+    if (n < 0 || n >= Nb || !idx0.get(n, v)) return false;
+    row = n * Ld;
+    len = clamp_len(v, Ld);
+    return true;
+  }
 
   PairSpec pair(long p) const {
     PairSpec s;
@@ -79,7 +96,7 @@ template <int kSurface> struct Policy {
       s.qlen = clamp_len(ql, Lq);
       s.drow = p * Ld;
       s.dlen = clamp_len(dl, Ld);
-    } else if (kSurface == kMaxsimContrastive) {
+    } else if (is_contrastive(kSurface)) {
       const long q = p / Nb, n = p % Nb;
       long ql = Lq;
       if (idx1.present && !idx1.get(q, ql)) s.ok = false;
@@ -87,7 +104,7 @@ template <int kSurface> struct Policy {
       s.qlen = clamp_len(ql, Lq);
       s.drow = 0;
       s.dlen = 0;
-      s.ok = s.ok && segment(idx0, Td, n, s.drow, s.dlen);
+      s.ok = s.ok && contrastive_document(n, s.drow, s.dlen);
     } else {
       long qid = -1, did = -1;
       s.qrow = s.qlen = s.drow = s.dlen = 0;
@@ -175,15 +192,17 @@ inline Owners make_owners(constant MaxsimParams& prm, device const int* i0, devi
     w.pairs_per_owner = kToQuery ? prm.C : 1;
     w.pair_base_mul = kToQuery ? prm.C : 1;
     w.pair_step = 1;
-  } else if (kSurface == kMaxsimContrastive) {
-    // query q: pairs q*Nb + n; document n: pairs q*Nb + n over q
+  } else if (is_contrastive(kSurface)) {
+    // query q: pairs q*Nb + n; document n (an offsets segment, or padded rows n*Ld ..):
+    // pairs q*Nb + n over q
     if (kToQuery) {
       w.rows_per_owner = prm.Lq;
       w.pairs_per_owner = prm.Nb;
       w.pair_base_mul = prm.Nb;
       w.pair_step = 1;
     } else {
-      w.kind = kOffsetOwners;
+      if (kSurface == kMaxsimContrastive) w.kind = kOffsetOwners;
+      w.rows_per_owner = prm.Ld;
       w.pairs_per_owner = prm.Nq;
       w.pair_base_mul = 1;
       w.pair_step = prm.Nb;

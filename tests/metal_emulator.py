@@ -1,9 +1,10 @@
 """The Metal kernels (maxsim_metal/*.metal) run on the Linux emulator (tools/metal_emu/),
 called through its C ABI on CPU tensors.
 
-`EmulatedMaxsim` exposes the public entry points' `""` and `_with_argmax` forms with the
-package's signatures, so the suite's Case objects (conftest.py) can call it like the
-loaded kernel; `backward()` runs the two gradient kernels. Every call runs the kernel in
+`EmulatedMaxsim` exposes the public entry points' `""`, `_with_argmax` and `_train` forms
+with the package's signatures, so the suite's Case objects (conftest.py) can call it like
+the loaded kernel; `backward()` runs the two gradient kernels (and `_train`'s autograd
+backward goes through it). Every call runs the kernel in
 each of `RunConfig.runs` (thread order, poison pattern, seed) and requires bitwise
 identical outputs across them.
 
@@ -17,12 +18,13 @@ import dataclasses
 import functools
 import importlib.util
 import os
+import types
 from pathlib import Path
 
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SURFACE_IDS = {"padded": 0, "contrastive": 1, "packed": 2}
+SURFACE_IDS = {"padded": 0, "contrastive": 1, "packed": 2, "contrastive_padded": 3}
 DTYPE_IDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 FORWARD, REVERSE, RANDOM = 0, 1, 2
 POISON_A, POISON_B = 0x7FC0DEAD, 0x12345678  # a NaN pattern and a small positive float
@@ -128,6 +130,8 @@ class EmulatedMaxsim:
             num_pairs = sizes[0] * sizes[1]
         elif surface == "contrastive":
             num_pairs = sizes[0] * max(indices[0].numel() - 1, 0)
+        elif surface == "contrastive_padded":
+            num_pairs = sizes[0] * sizes[2]
         else:
             num_pairs = indices[2].numel()
         q, d = queries.contiguous(), documents.contiguous()
@@ -197,6 +201,14 @@ class EmulatedMaxsim:
                             [nq, lq, documents.shape[0]], lq, with_argmax)
         return s.reshape(nq, nb), (a.reshape(nq, nb, lq) if with_argmax else None)
 
+    def _contrastive_padded(self, queries, documents, document_lengths, query_lengths, with_argmax):
+        nq, lq = queries.shape[:2]
+        nb, ld = documents.shape[:2]
+        s, a = self.forward("contrastive_padded", queries, documents,
+                            [document_lengths, query_lengths, None, None], [nq, lq, nb, ld], lq,
+                            with_argmax)
+        return s.reshape(nq, nb), (a.reshape(nq, nb, lq) if with_argmax else None)
+
     def _packed(self, queries, query_offsets, documents, document_offsets, pair_query_ids,
                 pair_document_ids, max_q_len, with_argmax):
         if max_q_len is None:
@@ -219,11 +231,47 @@ class EmulatedMaxsim:
     def score_contrastive_with_argmax(self, queries, documents, document_offsets, query_lengths=None):
         return self._contrastive(queries, documents, document_offsets, query_lengths, True)
 
+    def score_contrastive_padded(self, queries, documents, document_lengths, query_lengths=None):
+        return self._contrastive_padded(queries, documents, document_lengths, query_lengths, False)[0]
+
+    def score_contrastive_padded_with_argmax(self, queries, documents, document_lengths,
+                                             query_lengths=None):
+        return self._contrastive_padded(queries, documents, document_lengths, query_lengths, True)
+
     def score_pairs_packed(self, *args, max_q_len=None):
         return self._packed(*args, max_q_len, False)[0]
 
     def score_pairs_packed_with_argmax(self, *args, max_q_len=None):
         return self._packed(*args, max_q_len, True)
+
+    # ---- the _train forms: the forward with argmax, the gradient kernels as its backward
+    def _train(self, fn, names, args, kwargs):
+        """`fn`'s _train form: names are its positional parameters, kwargs its keywords."""
+        def forward(queries, documents):
+            swapped = {"queries": queries, "documents": documents}
+            return getattr(self, fn + "_with_argmax")(
+                *[swapped.get(n, a) for n, a in zip(names, args)], **kwargs)
+
+        case = types.SimpleNamespace(fn=fn, **{"query_lengths": None, **dict(zip(names, args)), **kwargs})
+        return _Train.apply(self, forward, case, case.queries, case.documents)
+
+    def score_candidates_padded_train(self, *args):
+        return self._train("score_candidates_padded",
+                           ("queries", "documents", "query_lengths", "doc_lengths"), args, {})
+
+    def score_contrastive_train(self, *args, query_lengths=None):
+        return self._train("score_contrastive", ("queries", "documents", "document_offsets"), args,
+                           {} if query_lengths is None else {"query_lengths": query_lengths})
+
+    def score_contrastive_padded_train(self, *args, query_lengths=None):
+        return self._train("score_contrastive_padded", ("queries", "documents", "document_lengths"),
+                           args, {} if query_lengths is None else {"query_lengths": query_lengths})
+
+    def score_pairs_packed_train(self, *args, max_q_len=None):
+        return self._train("score_pairs_packed",
+                           ("queries", "query_offsets", "documents", "document_offsets",
+                            "pair_query_ids", "pair_document_ids"), args,
+                           {} if max_q_len is None else {"max_q_len": max_q_len})
 
     # ---- backward of a Case (conftest.py) given the forward's argmax
     def backward(self, case, grad_scores, argmax):
@@ -242,6 +290,13 @@ class EmulatedMaxsim:
                     [nq, lq, case.documents.shape[0]], g, a)
             return (self.gradient("contrastive", True, *args),
                     self.gradient("contrastive", False, *args))
+        if fn == "score_contrastive_padded":
+            nq, lq = case.queries.shape[:2]
+            nb, ld = case.documents.shape[:2]
+            args = (case.queries, case.documents, [case.document_lengths, case.query_lengths, None, None],
+                    [nq, lq, nb, ld], g, a)
+            return (self.gradient("contrastive_padded", True, *args),
+                    self.gradient("contrastive_padded", False, *args))
         indices = [case.query_offsets, case.document_offsets, case.pair_query_ids, case.pair_document_ids]
         sizes = [case.queries.shape[0], case.documents.shape[0], a.shape[-1]]
         out = []
@@ -251,6 +306,27 @@ class EmulatedMaxsim:
             out.append(self.gradient("packed", to_query, case.queries, case.documents, indices, sizes,
                                      g, a, pairs_by, pair_offsets))
         return tuple(out)
+
+
+class _Train(torch.autograd.Function):
+    """scores = forward(queries, documents); the backward runs the gradient kernels on the
+    forward's argmax, as the package's _train forms do."""
+
+    @staticmethod
+    def forward(ctx, ms, forward, case, queries, documents):
+        q, d = queries.detach(), documents.detach()
+        scores, argmax = forward(q, d)
+        ctx.ms = ms
+        ctx.case = types.SimpleNamespace(**{**vars(case), "queries": q, "documents": d,
+                                            "argmax_width": argmax.shape[-1]})
+        ctx.save_for_backward(argmax)
+        return scores
+
+    @staticmethod
+    def backward(ctx, grad_scores):
+        (argmax,) = ctx.saved_tensors
+        grad_queries, grad_documents = ctx.ms.backward(ctx.case, grad_scores.contiguous(), argmax)
+        return None, None, None, grad_queries, grad_documents
 
 
 def owner_lists(ids: torch.Tensor, n: int):

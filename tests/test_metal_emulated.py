@@ -23,8 +23,9 @@ import pytest
 import torch
 
 from conftest import (
-    INDEX_DTYPES, SURFACES, Packed, assert_argmax, assert_grads, assert_scores, expected_grads,
-    ids, lattice, make_case, make_contrastive, make_packed, make_padded, unit,
+    INDEX_DTYPES, SURFACES, ContrastivePadded, Packed, as_padded_documents, assert_argmax,
+    assert_grads, assert_scores, expected_grads, ids, lattice, make_case, make_contrastive,
+    make_packed, make_padded, run_train, unit,
 )
 import metal_emulator as emu
 
@@ -96,6 +97,20 @@ def test_index_widths_give_identical_bits(ms, surface, rng):
         assert torch.equal(bits(x), bits(y))
 
 
+@pytest.mark.parametrize("surface", SURFACES)
+def test_train_forms(ms, surface, rng):
+    """`_train` scores are the forward's bits; autograd's gradients are the kernels'."""
+    case = make_case(surface, rng, n=3, Lq=11, Ld=14, D=24, dtype=torch.float16)
+    g = unit(rng, *case.score_shape)  # mixed signs
+    scores, gq, gd = run_train(ms, case, g)
+    ref_scores, argmax = case.call(ms, "_with_argmax")
+    assert torch.equal(bits(scores.detach()), bits(ref_scores))
+    eq, ed, bq, bd = expected_grads(case, g, argmax)
+    assert_grads(gq, eq, bq, case.queries.dtype)
+    assert_grads(gd, ed, bd, case.documents.dtype)
+    assert gq.abs().sum() > 0 and gd.abs().sum() > 0
+
+
 # ---- lengths, dims, long rows -----------------------------------------------------------------
 
 @pytest.mark.parametrize("surface", SURFACES)
@@ -105,8 +120,10 @@ def test_lengths(ms, surface, rng):
     if surface == "padded":
         case = make_padded(rng, n, n, top, top, 8, q_lens=list(LENGTHS),
                            d_lens=[list(LENGTHS)] * n)
-    elif surface == "contrastive":
+    elif surface in ("contrastive", "contrastive_padded"):
         case = make_contrastive(rng, n, top, list(LENGTHS), 8, q_lens=list(LENGTHS))
+        if surface == "contrastive_padded":
+            case = as_padded_documents(case)
     else:
         case = make_packed(rng, list(LENGTHS), list(LENGTHS), 8)
     check_all(ms, case, rng)
@@ -114,7 +131,8 @@ def test_lengths(ms, surface, rng):
 
 @pytest.mark.parametrize("dim", DIMS)
 @pytest.mark.parametrize("surface,dtype", [("padded", torch.float32), ("packed", torch.float16),
-                                           ("contrastive", torch.bfloat16)])
+                                           ("contrastive", torch.bfloat16),
+                                           ("contrastive_padded", torch.float32)])
 def test_dims(ms, surface, dtype, dim, rng):
     """dim is zero-filled to a multiple of 8 and staged 32 columns at a time."""
     case = make_case(surface, rng, n=2, Lq=10, Ld=12, D=dim, dtype=dtype)
@@ -177,6 +195,21 @@ def test_ties_exact(ms, surface, rng):
 def test_padded_lengths_are_clamped(ms, rng):
     case = make_padded(rng, 2, 2, 9, 11, 16, q_lens=[-3, 50], d_lens=[[40, -1], [11, 4]])
     check_all(ms, case, rng)
+
+
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+def test_contrastive_padded_lengths_are_clamped(ms, index_dtype, rng):
+    """Document lengths past Ld count as Ld, negative ones as 0 (as on CPU and CUDA)."""
+    case = as_padded_documents(make_contrastive(rng, 3, 9, [11, 0, 4], 16, index_dtype=index_dtype))
+    case.document_lengths = ids([40, -3, 4], index_dtype)
+    clamped = ContrastivePadded(case.queries, case.documents, ids([11, 0, 4], index_dtype), case.query_lengths)
+    outs = []
+    for c in (case, clamped):
+        s, a = check_all(ms, c, rng)[:2]
+        g = torch.rand(c.score_shape, generator=torch.Generator().manual_seed(5)) + 0.5
+        outs.append((s, a) + ms.backward(c, g, a))
+    for x, y in zip(*outs):
+        assert torch.equal(bits(x), bits(y))
 
 
 def _nan_rows(scores, argmax, bad):
@@ -250,6 +283,10 @@ def test_launch_plan(ms):
     gd = _plan(ms, "contrastive", [2, 5, 30, 0], 8, [ids([0, 10, 30]), None, None, None],
                backward=True)
     assert (gd["groups_x"], gd["groups_y"], gd["zero"]) == (2, 1, 1)
+    # padded documents tile grad_documents like padded candidates: no zero fill needed
+    gp = _plan(ms, "contrastive_padded", [2, 5, 3, 40], 8, [ids([40, 0, 7]), None, None, None],
+               backward=True)
+    assert (gp["groups_x"], gp["groups_y"], gp["zero"]) == (3, 3, 0)
     empty = _plan(ms, "packed", [4, 4, 3, 0], 8, [ids([0, 4]), ids([0, 4]), ids([]), ids([])])
     assert empty["run"] == 0
 

@@ -88,7 +88,8 @@ int launch(const Launch& l, Buffers& bufs, const EmuOptions& o, char* err, int e
 
 MaxsimParams params_for(int surface, const int64_t* sizes, int64_t dim, const EmuIndex* idx,
                         bool with_argmax) {
-  // sizes: padded B, C, Lq, Ld; contrastive Nq, Lq, T; packed Tq, Td, max_q_len
+  // sizes: padded B, C, Lq, Ld; contrastive Nq, Lq, T; contrastive_padded Nq, Lq, Nb, Ld;
+  // packed Tq, Td, max_q_len
   switch (surface) {
     case kMaxsimPadded:
       return maxsim_metal::padded_params(sizes[0], sizes[1], sizes[2], sizes[3], dim, arg_of(idx[0]),
@@ -96,6 +97,9 @@ MaxsimParams params_for(int surface, const int64_t* sizes, int64_t dim, const Em
     case kMaxsimContrastive:
       return maxsim_metal::contrastive_params(sizes[0], sizes[1], sizes[2], dim, arg_of(idx[0]),
                                               arg_of(idx[1]), with_argmax);
+    case kMaxsimContrastivePadded:
+      return maxsim_metal::contrastive_padded_params(sizes[0], sizes[1], sizes[2], sizes[3], dim,
+                                                     arg_of(idx[0]), arg_of(idx[1]), with_argmax);
     default:
       return maxsim_metal::packed_params(sizes[0], sizes[1], dim, arg_of(idx[0]), arg_of(idx[1]),
                                          arg_of(idx[2]), arg_of(idx[3]), sizes[2], with_argmax);

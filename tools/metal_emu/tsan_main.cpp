@@ -1,5 +1,5 @@
 // ThreadSanitizer check of the Metal kernels: every entry point (forward with argmax, both
-// gradients, three surfaces) on small ragged inputs, each GPU thread a real thread, so
+// gradients, four surfaces) on small ragged inputs, each GPU thread a real thread, so
 // TSan sees every threadgroup-memory access and the barriers' happens-before edges. Each
 // launch runs twice, with two poison patterns, and must give identical bits. Exit status:
 // 0 clean, 1 mismatch or emulator error (TSan's own reports exit with TSAN_OPTIONS's
@@ -105,6 +105,14 @@ int main() {
     const std::vector<int64_t> off = {0, 40, 40, 49};
     const EmuIndex idx[4] = {index_of(off), {nullptr, 0, 0, 0}, {nullptr, 0, 0, 0}, {nullptr, 0, 0, 0}};
     check_surface(kMaxsimContrastive, sizes, dim, q, d, idx, Nq * 3, Lq, nullptr, nullptr);
+  }
+  {  // contrastive_padded: 2 queries of 33 rows, 3 documents of 40 rows, lengths clamped to 40, 0, 9
+    std::puts("contrastive_padded");
+    const int64_t Nq = 2, Lq = 33, Nb = 3, Ld = 40, sizes[4] = {Nq, Lq, Nb, Ld};
+    const auto q = random_rows(Nq * Lq * dim), d = random_rows(Nb * Ld * dim);
+    const std::vector<int64_t> dl = {47, -2, 9}, ql = {33, 20};
+    const EmuIndex idx[4] = {index_of(dl), index_of(ql), {nullptr, 0, 0, 0}, {nullptr, 0, 0, 0}};
+    check_surface(kMaxsimContrastivePadded, sizes, dim, q, d, idx, Nq * Nb, Lq, nullptr, nullptr);
   }
   {  // packed: queries of 34 and 7 rows, documents of 33 and 5 rows, 4 pairs (one repeated)
     std::puts("packed");

@@ -21,6 +21,7 @@ struct EmuOptions {
   int real_threads;   // 1: std::thread per GPU thread (ThreadSanitizer)
 };
 
+// surface: MaxsimSurface; sizes: see params_for() in emu_ops.cpp.
 int emu_forward(int surface, int dtype, const int64_t* sizes, int64_t dim, const void* queries,
                 int64_t queries_numel, const void* documents, int64_t documents_numel,
                 const EmuIndex* idx, int with_argmax, float* scores, int64_t scores_numel,
