@@ -28,8 +28,11 @@ __device__ __forceinline__ void running_update(Acc& m, int& idx, Acc v, int j) {
 // Folds one tile row (a thread's N columns, local column ids `col` increasing with the
 // index) into the running (m, idx) with the same result as N running_update calls, but
 // with no serial dependency chain: a NaN-propagating max tree, then, only when the tile
-// improves on m, a min tree over the columns that reach it (first NaN when it is NaN).
-template <int N>
+// improves on m, the first column that reaches it (the first NaN when it is NaN), found by
+// a predicated scan from the last column down (two instructions a column; a min tree over
+// selected indices costs three). INDEX = false keeps the max only (inference without
+// argmax): a NaN still sticks, since max.NaN propagates it.
+template <int N, bool INDEX = true>
 __device__ __forceinline__ void fold_tile(float& m, int& idx, const float (&v)[N], const int (&col)[N], int col_base) {
   static_assert((N & (N - 1)) == 0, "power of two");
   float t[N];
@@ -40,16 +43,19 @@ __device__ __forceinline__ void fold_tile(float& m, int& idx, const float (&v)[N
 #pragma unroll
     for (int c = 0; c < N / (2 * s2); ++c) t[c] = max_nan(t[c], t[c + N / (2 * s2)]);
   const float tmax = t[0];
-  if (!(tmax <= m) && m == m) {
-    int b[N];
+  if constexpr (!INDEX) {
+    m = max_nan(m, tmax);
+  } else if (!(tmax <= m) && m == m) {
+    int b = kNoIndex;
+    if (tmax == tmax) {
 #pragma unroll
-    for (int c = 0; c < N; ++c) b[c] = (v[c] == tmax || v[c] != v[c]) ? col[c] : kNoIndex;
+      for (int c = N - 1; c >= 0; --c) b = v[c] == tmax ? col[c] : b;
+    } else {
 #pragma unroll
-    for (int s2 = 1; s2 < N; s2 *= 2)
-#pragma unroll
-      for (int c = 0; c < N / (2 * s2); ++c) b[c] = min(b[c], b[c + N / (2 * s2)]);
+      for (int c = N - 1; c >= 0; --c) b = v[c] != v[c] ? col[c] : b;
+    }
     m = tmax;
-    idx = col_base + b[0];
+    idx = col_base + b;
   }
 }
 

@@ -96,9 +96,10 @@ struct MmaKConfig<T, 128> { using type = MmaKMainloop<T, 128, 64, 4, 2, 64, 4, 2
 template <class T>
 struct MmaKContrastive { using type = MmaKMainloop<T, 128, 128, 4, 2, 64, 4, 1>; };
 // BM=128 when the device allows less than ~100 KB of shared memory per block (sm_86/sm_89
-// give 99 KB; the two BM=128 shapes above need 100 / 131 KB): 3 stages, 76 KB.
+// give 99 KB; the two BM=128 shapes above need 100 / 131 KB): 3 stages, 76 KB. Such an SM
+// holds one of these CTAs anyway (100 KB), so no register cap (with one it spilled).
 template <class T>
-struct MmaKSmall { using type = MmaKMainloop<T, 128, 64, 4, 2, 64, 3, 2>; };
+struct MmaKSmall { using type = MmaKMainloop<T, 128, 64, 4, 2, 64, 3, 1>; };
 
 // Largest dynamic shared memory a block may opt into on the current device (cached).
 inline size_t max_smem_optin() {

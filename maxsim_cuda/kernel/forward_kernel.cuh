@@ -185,9 +185,10 @@ __global__ void __launch_bounds__(ML::kThreads, ML::kMinBlocks)
       cp_async_commit();
     }
     if constexpr (KSPLIT) {
-      ml.compute_k(stage, first_k, last_k, cons.tile_rows(), static_cast<int>(cons.tile * BN));
+      ml.compute_k(stage, first_k, last_k, cons.tile_rows(), static_cast<int>(cons.tile * BN), a.ep.with_argmax);
     } else {
-      ml.compute(stage, a.documents, cons.tile_row0(), cons.tile_rows(), static_cast<int>(cons.tile * BN));
+      ml.compute(stage, a.documents, cons.tile_row0(), cons.tile_rows(), static_cast<int>(cons.tile * BN),
+                 a.ep.with_argmax);
     }
     if (cons.tile + 1 == cons.ntiles && last_k) {
       ml.reduce(epi.red_m, epi.red_i);

@@ -35,17 +35,26 @@ struct MmaRowMax {
   }
 
   // Fold one [rows x BN] accumulator tile in; columns >= cols_valid are masked. Full tiles
-  // (all but a segment's last) take the unmasked path: no per-element select.
+  // (all but a segment's last) take the unmasked path: no per-element select. Without
+  // with_index (no argmax requested) only the max is kept: about a third of the work.
   __device__ __forceinline__ void fold(const float (&acc)[MT][NT][4], int lane, int wn, int cols_valid,
-                                       int col_base) {
-    if (cols_valid >= BN) {
-      fold_masked<false>(acc, lane, wn, cols_valid, col_base);
+                                       int col_base, bool with_index) {
+    if (with_index) {
+      if (cols_valid >= BN) {
+        fold_masked<false, true>(acc, lane, wn, cols_valid, col_base);
+      } else {
+        fold_masked<true, true>(acc, lane, wn, cols_valid, col_base);
+      }
     } else {
-      fold_masked<true>(acc, lane, wn, cols_valid, col_base);
+      if (cols_valid >= BN) {
+        fold_masked<false, false>(acc, lane, wn, cols_valid, col_base);
+      } else {
+        fold_masked<true, false>(acc, lane, wn, cols_valid, col_base);
+      }
     }
   }
 
-  template <bool MASK>
+  template <bool MASK, bool INDEX>
   __device__ __forceinline__ void fold_masked(const float (&acc)[MT][NT][4], int lane, int wn, int cols_valid,
                                               int col_base) {
     const int t4 = lane % 4;
@@ -68,7 +77,7 @@ struct MmaRowMax {
             const float x = acc[mt][nt][2 * h + e];
             v[nt * 2 + e] = (!MASK || col[nt * 2 + e] < lim) ? x : neg_inf<float>();
           }
-        fold_tile(m[mt * 2 + h], idx[mt * 2 + h], v, col, cbase);
+        fold_tile<NT * 2, INDEX>(m[mt * 2 + h], idx[mt * 2 + h], v, col, cbase);
       }
   }
 
@@ -105,17 +114,22 @@ __device__ __forceinline__ void zero_acc(float (&acc)[MT][NT][4]) {
       for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
 }
 
-// One 16-column k-step: B fragments by ldmatrix from the swizzled [* x COLS] document tile
-// at `base` (tile rows first_row .. first_row + NT*8), A fragments from a(mt).
+// Where this lane's ldmatrix.x4 reads B fragments of a swizzled [* x COLS] document tile
+// at `base` whose warp slice starts at row first_row (a multiple of 8).
+template <class T, int COLS>
+__device__ __forceinline__ SwizzledFragment<T, COLS> b_fragment(uint32_t base, int first_row, int lane) {
+  return SwizzledFragment<T, COLS>(base, first_row + (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+}
+
+// One 16-column k-step: B fragments by ldmatrix (addresses from b_fragment) for the warp's
+// NT*8 tile rows, A fragments from a(mt).
 template <class T, int COLS, int MT, int NT, class AFrag>
-__device__ __forceinline__ void mma_kstep(float (&acc)[MT][NT][4], const AFrag& a, uint32_t base, int ks, int first_row,
-                                          int lane) {
-  const int kh = (lane >> 3) & 1;
-  const int nrow = (lane & 7) + ((lane >> 4) << 3);
+__device__ __forceinline__ void mma_kstep(float (&acc)[MT][NT][4], const AFrag& a, const SwizzledFragment<T, COLS>& bf,
+                                          int ks) {
 #pragma unroll
   for (int np = 0; np < NT / 2; ++np) {
     uint32_t b0, b1, b2, b3;
-    ldmatrix_x4(swizzled<T, COLS>(base, first_row + np * 16 + nrow, ks * 2 + kh), b0, b1, b2, b3);
+    ldmatrix_x4(bf.at(ks, np * 16), b0, b1, b2, b3);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       Mma16816<T>::run(acc[mt][2 * np], a(mt), b0, b1);
@@ -201,18 +215,19 @@ struct MmaMainloop {
   __device__ __forceinline__ void reset() { row_max.reset(); }
 
   // S = Q * tile^T on tensor cores, then fold into the running max (cols >= cols_valid masked).
-  __device__ __forceinline__ void compute(int stage, const T*, int64_t, int cols_valid, int col_base) {
+  __device__ __forceinline__ void compute(int stage, const T*, int64_t, int cols_valid, int col_base,
+                                          bool with_index) {
     float acc[MT][NT][4];
     zero_acc(acc);
-    const uint32_t base = smem_addr(tiles + size_t(stage) * BN * KD);
+    const auto bf = b_fragment<T, KD>(smem_addr(tiles + size_t(stage) * BN * KD), wn * NTW, lane);
     // All KS k-steps run (columns past dim are zeros in both operands): no branch in the
     // unrolled loop, so ldmatrix of step ks+1 can overlap the mma of step ks.
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) {
       const auto a = [&](int mt) -> const uint32_t(&)[4] { return qa[mt][ks]; };
-      mma_kstep<T, KD>(acc, a, base, ks, wn * NTW, lane);
+      mma_kstep<T, KD>(acc, a, bf, ks);
     }
-    row_max.fold(acc, lane, wn, cols_valid, col_base);
+    row_max.fold(acc, lane, wn, cols_valid, col_base, with_index);
   }
 
   __device__ __forceinline__ void reduce(float* red_m, int* red_i) { row_max.reduce(red_m, red_i, lane, wm, wn); }

@@ -78,25 +78,25 @@ struct MmaKMainloop {
   __device__ __forceinline__ void reset() { row_max.reset(); }
 
   // acc (+)= Qchunk * Dchunk^T; after the last K-chunk, fold (cols >= cols_valid masked).
-  __device__ __forceinline__ void compute_k(int stage, bool first, bool last, int cols_valid, int col_base) {
+  __device__ __forceinline__ void compute_k(int stage, bool first, bool last, int cols_valid, int col_base,
+                                            bool with_index) {
     if (first) zero_acc(acc);
     const uint32_t dbase = smem_addr(stages + size_t(stage) * (BN + BM) * KC);
     const uint32_t qbase = dbase + uint32_t(doc_elems() * sizeof(T));
-    const int arow = lane & 15, akh = lane >> 4;
+    // A rows (wm * MT + mt) * 16 + (lane & 15): all congruent mod 8 across mt.
+    const SwizzledFragment<T, KC> af(qbase, wm * MT * 16 + (lane & 15), lane >> 4);
+    const auto bf = b_fragment<T, KC>(dbase, wn * NTW, lane);
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) {
       uint32_t qa[MT][4];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        const int r = (wm * MT + mt) * 16 + arow;
-        ldmatrix_x4(swizzled<T, KC>(qbase, r, ks * 2 + akh), qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3]);
-      }
+      for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(af.at(ks, mt * 16), qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3]);
       const auto a = [&](int mt) -> const uint32_t(&)[4] { return qa[mt]; };
-      mma_kstep<T, KC>(acc, a, dbase, ks, wn * NTW, lane);
+      mma_kstep<T, KC>(acc, a, bf, ks);
     }
     if (!last) return;
 
-    row_max.fold(acc, lane, wn, cols_valid, col_base);
+    row_max.fold(acc, lane, wn, cols_valid, col_base, with_index);
   }
 
   __device__ __forceinline__ void reduce(float* red_m, int* red_i) { row_max.reduce(red_m, red_i, lane, wm, wn); }

@@ -63,7 +63,8 @@ struct SimtMainloop {
     }
   }
 
-  __device__ __forceinline__ void compute(int, const T* docs, int64_t row0, int cols_valid, int col_base) {
+  // (Always tracks the index: the SIMT path serves fp32/fp64, where the fold is not the cost.)
+  __device__ __forceinline__ void compute(int, const T* docs, int64_t row0, int cols_valid, int col_base, bool) {
     Acc acc[TM][TN];
 #pragma unroll
     for (int r = 0; r < TM; ++r)

@@ -20,6 +20,11 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
+// The same with zero fill: src_bytes (0 or 16) bytes are read, the rest of the 16 written as
+// zeros; src_bytes = 0 reads nothing, so src may then point anywhere.
+__device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
 // 4- or 8-byte global -> shared copy (through L1; .cg only takes 16 bytes); src_bytes = 0
 // writes zeros and reads nothing.
 template <int N>

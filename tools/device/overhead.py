@@ -5,6 +5,8 @@ and GPU-only time (CUDA-graph replay), for maxsim and for the raw ops under it.
     python3 tools/device/overhead.py rerank   # the five rerank workloads, padded vs packed
     python3 tools/device/overhead.py split    # training workloads: forward / grad_q / grad_d GPU time
     python3 tools/device/overhead.py once NAME  # one forward + backward of a training workload (for ncu)
+    python3 tools/device/overhead.py kernels    # GPU time (graph replay) of the forward on the issue-9 shapes
+    python3 tools/device/overhead.py call NAME LAYOUT  # one forward call of a workload (for ncu)
 
 An eager time close to the host time means the call is host-bound; the graph time is what
 the kernels cost. Add `profile` for a torch.profiler table of the training step.
@@ -111,6 +113,26 @@ def split_probe():
         print(f"{name:12s} " + "  ".join(f"{k} {graph(f):8.1f} us" for k, f in parts.items()), flush=True)
 
 
+KERNEL_SHAPES = (("HeavyRerank", "full"), ("HeavyRerank", "ragged"), ("ColPaliRerank", "full"),
+                 ("ColPaliRerank", "ragged"), ("Rerank", "full"), ("HeavyRerankPacked", "ragged"),
+                 ("ColBERTCorpus", "ragged"), ("ColPaliCorpus", "ragged"))
+
+
+def kernels_probe():
+    """GPU time (graph replay) of one inference call per workload, with its bytes and FLOP rate."""
+    for name, layout in KERNEL_SHAPES:
+        x = W.build_inputs(W.WORKLOADS[name], "cuda", layout=layout)
+        us = graph(lambda: W.maxsim_call(maxsim, x))
+        print(f"{name:18s} {layout:6s} graph {us:8.1f} us", flush=True)
+
+
+def call(name, layout):
+    x = W.build_inputs(W.WORKLOADS[name], "cuda", layout=layout)
+    W.maxsim_call(maxsim, x)
+    W.maxsim_call(maxsim, x)
+    torch.cuda.synchronize()
+
+
 def once(name):
     fwd, bwd = _raw_training_ops(name)
     fwd()
@@ -120,6 +142,11 @@ def once(name):
 
 if __name__ == "__main__":
     args = sys.argv[1:] or ["train"]
+    if args[0] == "call":
+        call(args[1], args[2])
+        sys.exit(0)
+    if "kernels" in args:
+        kernels_probe()
     if args[0] == "once":
         once(args[1])
         sys.exit(0)
