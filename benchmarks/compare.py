@@ -4,6 +4,7 @@
     python3 benchmarks/compare.py --device cpu                      # CPU rerank table, fp32 + bf16
     python3 benchmarks/compare.py --device cuda --workloads all --json out.json
     python3 benchmarks/compare.py --device cpu --workloads Rerank,Contrastive --dtype float32 --iters 20
+    python3 benchmarks/render_tables.py --json out.json            # the README tables
 
 Implementations (each wrapped so a failure is reported as n/a with its reason):
 - maxsim: this repository's build, loaded with kernels.get_local_kernel(<repo root>).
@@ -24,6 +25,18 @@ Time: median (and min) over --iters calls after --warmup calls; CUDA events on a
 time.perf_counter on the CPU. The load average is printed and saved: CPU times taken
 while other processes run are not clean.
 
+Eager and GPU-only time (CUDA). The eager time ("ms") is CUDA events around one call as
+Python issues it, so it includes launch overhead: the Python wrapper, argument checks and
+kernel launches, which dominate small workloads. The GPU-only time ("graph_ms") removes
+that: the same callable, closed over the same input tensors, is warmed up (3 calls) on a
+side stream, captured once in a torch.cuda.CUDAGraph, and the replays are timed with CUDA
+events (same --warmup / --iters; median, and min in "graph_min_ms"). A call that cannot be
+captured (a host sync inside it, a peer that launches outside the current stream) gets
+graph_ms null and the reason in "graph_error"; the run goes on. Training rows capture the
+whole step (forward + torch.autograd.grad). The replay's scores are checked against
+maxsim's eager scores ("graph_max_err"). --no-graph skips it; on the CPU it is not run and
+every graph field is null.
+
 Memory ("peak extra"): the memory a call needs beyond its inputs.
 - CUDA: torch.cuda.max_memory_allocated() during one call minus memory_allocated() before it.
 - CPU:  each (workload, dtype, layout, implementation) runs once in a fresh subprocess, which
@@ -39,6 +52,20 @@ is max(input bytes / bandwidth, useful forward FLOPs / matmul rate), where usefu
 2 * D * sum over pairs of valid query tokens x valid document tokens (training rows use the
 forward FLOPs too). "of floor" = floor / maxsim time.
 
+JSON (--json): info (run metadata: device, device_name, torch, cuda, date, git_commit,
+git_dirty, peer versions, iters, warmup, graph), floors (copy_bytes_per_s,
+matmul_flops_per_s per dtype: what the floors were computed from), results (one per
+workload, layout, dtype) and table (the printed Markdown). A result row holds bytes, flops,
+floor_ms, the maxsim summary (maxsim_GBps, maxsim_TFLOPs, of_floor: eager; graph_of_floor:
+GPU-only) and impls.<name>, either {"na": reason} or ms, min_ms, max_err, peak_bytes, plus
+for every implementation:
+- graph_ms, graph_min_ms, graph_error, graph_max_err: GPU-only time (null where not measured);
+- eager_over_graph: ms / graph_ms (the launch overhead factor);
+- achieved rates, for the eager and the GPU-only time: rerank rows (padded, packed), which
+  read every document once, in input TB/s (TBps, graph_TBps); the other rows in useful
+  TFLOP/s (TFLOPs, graph_TFLOPs); of_floor and graph_of_floor = floor_ms / time.
+benchmarks/render_tables.py renders the README tables from this JSON.
+
 On the CPU every workload runs its scaled-down shape (see workloads.py; `scale` column =
 fraction of the (query, document) pairs kept), and the default workload set is the rerank
 workloads (padded, full and ragged, and packed) in float32 and bfloat16.
@@ -53,6 +80,8 @@ import statistics
 import subprocess
 import sys
 import time
+import warnings
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -211,6 +240,88 @@ def cuda_peak_bytes(fn):
     return torch.cuda.max_memory_allocated() - base
 
 
+# Graph fields of an implementation whose GPU-only time was not measured.
+NO_GRAPH = dict(graph_ms=None, graph_min_ms=None, graph_error=None, graph_max_err=None)
+
+
+def _capture(fn, side):
+    """One call of fn captured into a new CUDAGraph on stream `side`; returns (graph, output)."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side):
+        graph.capture_begin()
+        try:
+            out = fn()
+        except BaseException:
+            # torch.cuda.graph's __exit__ would raise from capture_end and skip restoring the
+            # current stream; ending the capture here takes the stream out of capture mode
+            # (even an invalidated one) and keeps the call's own error as the reason.
+            try:
+                graph.capture_end()
+            except Exception:  # noqa: BLE001 - the invalidated capture's error says less
+                pass
+            raise
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            graph.capture_end()
+    # A call that launches on another stream without joining it leaves an empty graph whose
+    # replays time nothing: not a GPU-only time.
+    if any("Graph is empty" in str(w.message) for w in caught):
+        raise RuntimeError("captured graph is empty (the call does not run on the current stream)")
+    return graph, out
+
+
+def _replay_times(fn, warmup, iters, expected):
+    side = torch.cuda.Stream()
+    # Warm up on the capture stream: one-time work (cuBLAS workspaces are per stream, Triton
+    # compiles and autotunes, the allocator grows) must happen before the capture.
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()   # what the warm-up cached on `side` cannot serve the graph's pool
+    graph, out = _capture(fn, side)
+    times = []
+    ms = time_ms(graph.replay, "cuda", warmup, iters, all_times=times)
+    return dict(graph_ms=ms, graph_min_ms=min(times), graph_error=None,
+                graph_max_err=float((out.float() - expected).abs().max()))
+
+
+def graph_times(fn, warmup, iters, expected):
+    """GPU-only time of fn (CUDA): graph_ms, graph_min_ms, graph_max_err, graph_error.
+
+    fn is called as is, so the graph reads and writes the very tensors it closes over, and
+    its replays compute what the eager calls did (graph_max_err checks the scores).
+    """
+    try:
+        r = _replay_times(fn, warmup, iters, expected)
+    except Exception as e:  # noqa: BLE001 - an uncapturable call is a result, not a crash
+        r = dict(NO_GRAPH, graph_error=_reason(e))
+        try:
+            torch.cuda.synchronize()   # raises if a stream is still capturing or the context is lost
+        except Exception as e2:  # noqa: BLE001
+            raise SystemExit(f"CUDA unusable after a failed graph capture ({r['graph_error']}): "
+                             f"{_reason(e2)}") from e2
+    # The graph and its output are gone with _replay_times' frame: return its private pool.
+    torch.cuda.empty_cache()
+    return r
+
+
+def add_rates(row, r):
+    """Achieved rates and fractions of the floor of one implementation, eager and GPU-only.
+
+    Rerank rows read every document for one query only, so bandwidth bounds them: rate in
+    input TB/s. Contrastive rows reuse each document across queries: useful TFLOP/s.
+    """
+    rerank = row["surface"] in ("padded", "packed")
+    unit, work = ("TBps", row["bytes"]) if rerank else ("TFLOPs", row["flops"])
+    for prefix, ms in (("", r.get("ms")), ("graph_", r.get("graph_ms"))):
+        r[prefix + unit] = work / (ms * 1e-3) / 1e12 if ms else None
+        r[prefix + "of_floor"] = row["floor_ms"] / ms if ms else None
+    r["eager_over_graph"] = r["ms"] / r["graph_ms"] if r.get("ms") and r.get("graph_ms") else None
+
+
 def _status_kib(field):
     for line in open("/proc/self/status"):
         if line.startswith(field + ":"):
@@ -298,6 +409,7 @@ def run(args):
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda but torch.cuda.is_available() is False")
     plan = rows_to_run(args)
+    graph = device == "cuda" and not args.no_graph
     kernel = load_kernel(device, args.kernel)
     floors = measure_floors(device, sorted({dt for _, dt, _ in plan}))
     bw = floors["copy_bytes_per_s"]
@@ -334,15 +446,19 @@ def run(args):
                 if not args.no_memory:
                     r["peak_bytes"] = cuda_peak_bytes(fn) if device == "cuda" else \
                         cpu_peak_bytes(w.name, dt, layout, name, args.kernel)
+                # After the memory measurement: the graph's pool must not count as peak.
+                r.update(graph_times(fn, args.warmup, args.iters, expected) if graph else NO_GRAPH)
                 del fn
             except Exception as e:  # noqa: BLE001 - a peer failing is a result, not a crash
-                r = {"na": _reason(e)}
+                r = dict(na=_reason(e), **NO_GRAPH)
+            add_rates(row, r)
             row["impls"][name] = r
         m = row["impls"].get("maxsim", {})
         if "ms" in m:
             row["maxsim_GBps"] = row["bytes"] / (m["ms"] * 1e-3) / 1e9
             row["maxsim_TFLOPs"] = row["flops"] / (m["ms"] * 1e-3) / 1e12
             row["of_floor"] = row["floor_ms"] / m["ms"]
+        row["graph_of_floor"] = m.get("graph_of_floor")
         results.append(row)
         print(progress_line(row), flush=True)
         del x
@@ -351,36 +467,57 @@ def run(args):
     return floors, results
 
 
-def _ms(r):
-    return f"{r['ms']:.3f} ({r['min_ms']:.3f})" if "ms" in r else "n/a"
+def _ms(r, graph=False):
+    """'eager (min)'; with graph, 'eager / GPU-only' (mins are in the JSON)."""
+    if "ms" not in r:
+        return "n/a"
+    if not graph:
+        return f"{r['ms']:.3f} ({r['min_ms']:.3f})"
+    return f"{r['ms']:.3f} / " + (f"{r['graph_ms']:.3f}" if r.get("graph_ms") is not None else "n/a")
+
+
+def _graph_measured(results):
+    return any(r.get("graph_ms") is not None or r.get("graph_error")
+               for row in results for r in row["impls"].values())
 
 
 def progress_line(row):
-    parts = [f"{n} {_ms(r)}" for n, r in row["impls"].items()]
+    graph = _graph_measured([row])
+    parts = [f"{n} {_ms(r, graph)}" for n, r in row["impls"].items()]
     return f"  {row['workload']:<20} {row['layout']:<6} {row['dtype']:<8} " + "  ".join(parts)
+
+
+def _pct(x):
+    return "n/a" if x is None else f"{100 * x:.0f}%"
 
 
 def markdown(device, floors, results, impls):
     ran = [n for n in impls if any("ms" in r["impls"].get(n, {}) for r in results)]
+    graph = _graph_measured(results)
     lines = []
     head = ["workload", "layout", "dtype"] + (["scale"] if device == "cpu" else []) + \
-        [f"{n} ms (min)" for n in ran] + ["naive / maxsim"] + [f"{n} peak" for n in ran] + \
-        ["floor ms", "maxsim of floor", "maxsim GB/s", "maxsim TFLOP/s", "max err vs maxsim"]
+        [f"{n} ms eager / GPU-only" if graph else f"{n} ms (min)" for n in ran] + \
+        ["naive / maxsim"] + [f"{n} peak" for n in ran] + \
+        ["floor ms", "maxsim of floor" + (" eager / GPU-only" if graph else ""),
+         "maxsim GB/s", "maxsim TFLOP/s", "max err vs maxsim"]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "|".join("---" for _ in head) + "|")
     for row in results:
         im = row["impls"]
         speed = (f"{im['naive']['ms'] / im['maxsim']['ms']:.2f}x"
                  if "ms" in im.get("naive", {}) and "ms" in im.get("maxsim", {}) else "n/a")
-        errs = [r["max_err"] for r in im.values() if "max_err" in r]
+        errs = [r[k] for r in im.values() for k in ("max_err", "graph_max_err")
+                if r.get(k) is not None]
+        of_floor = _pct(row.get("of_floor"))
+        if graph:
+            of_floor += " / " + _pct(row.get("graph_of_floor"))
         cells = [row["workload"], row["layout"], row["dtype"]]
         if device == "cpu":
             cells.append(f"{row['scale']:.3g}")
-        cells += [_ms(im.get(n, {})) for n in ran] + [speed]
+        cells += [_ms(im.get(n, {}), graph) for n in ran] + [speed]
         cells += [W.fmt_bytes(im[n]["peak_bytes"]) if "peak_bytes" in im.get(n, {}) else "n/a"
                   for n in ran]
-        cells += [f"{row['floor_ms']:.3f}",
-                  f"{100 * row['of_floor']:.0f}%" if "of_floor" in row else "n/a",
+        cells += [f"{row['floor_ms']:.3f}", of_floor,
                   f"{row['maxsim_GBps']:.1f}" if "maxsim_GBps" in row else "n/a",
                   f"{row['maxsim_TFLOPs']:.3f}" if "maxsim_TFLOPs" in row else "n/a",
                   f"{max(errs):.1e}" if errs else "n/a"]
@@ -390,6 +527,8 @@ def markdown(device, floors, results, impls):
         for n, r in row["impls"].items():
             if "na" in r:
                 reasons.setdefault(n, set()).add(r["na"])
+            elif r.get("graph_error"):
+                reasons.setdefault(f"{n} GPU-only", set()).add(r["graph_error"])
     for n, rs in reasons.items():
         lines.append(f"\n{n}: n/a ({'; '.join(sorted(rs))})")
     lines.append(f"\nfloors: copy {floors['copy_bytes_per_s'] / 1e9:.1f} GB/s; matmul "
@@ -400,7 +539,57 @@ def markdown(device, floors, results, impls):
     lines.append("peak = memory a call needs beyond its inputs "
                  + ("(torch.cuda.max_memory_allocated)" if device == "cuda"
                     else "(peak RSS growth over one call in a fresh subprocess)"))
+    if graph:
+        lines.append("eager = CUDA events around one call issued from Python (launch overhead "
+                     "included); GPU-only = the same call captured in a CUDA graph, replayed")
     return "\n".join(lines)
+
+
+def _git(*cmd):
+    # GIT_OPTIONAL_LOCKS=0: `git status` must not take the index lock from a concurrent git.
+    try:
+        out = subprocess.run(["git", "-C", str(REPO), *cmd], capture_output=True, text=True,
+                             timeout=10, env=dict(os.environ, GIT_OPTIONAL_LOCKS="0"))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _cpu_name():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine()
+
+
+def _version(dist):
+    import importlib.metadata
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def run_info(args, started):
+    """What a table rendered from the JSON must state: where, with what, when, at which commit."""
+    commit = _git("rev-parse", "HEAD")
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    cuda = args.device == "cuda"
+    return dict(device=args.device, torch=torch.__version__, iters=args.iters,
+                warmup=args.warmup, threads=torch.get_num_threads(),
+                loadavg_at_end=os.getloadavg(),
+                gpu=torch.cuda.get_device_name() if cuda else None,
+                device_name=torch.cuda.get_device_name() if cuda else _cpu_name(),
+                cuda=torch.version.cuda if cuda else None,
+                date=started, git_commit=commit,
+                git_dirty=None if commit is None or dirty is None else bool(dirty),
+                graph=cuda and not args.no_graph,
+                versions={d: _version(d) for d in
+                          ("kernels", "late-interaction-kernels", "flash-maxsim", "triton")})
 
 
 def main():
@@ -419,6 +608,8 @@ def main():
     p.add_argument("--warmup", type=int, default=None, help="untimed calls first (CUDA 10, CPU 2)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    p.add_argument("--no-graph", action="store_true",
+                   help="CUDA: skip the GPU-only time (CUDA-graph capture and replay)")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--_child", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -430,14 +621,12 @@ def main():
     args.impls = args.impls.split(",")
     args.iters = args.iters or (50 if args.device == "cuda" else 10)
     args.warmup = args.warmup if args.warmup is not None else (10 if args.device == "cuda" else 2)
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     floors, results = run(args)
     table = markdown(args.device, floors, results, args.impls)
     print("\n" + table)
     if args.json:
-        info = dict(device=args.device, torch=torch.__version__, iters=args.iters,
-                    warmup=args.warmup, threads=torch.get_num_threads(),
-                    loadavg_at_end=os.getloadavg(),
-                    gpu=torch.cuda.get_device_name() if args.device == "cuda" else None)
+        info = run_info(args, started)
         Path(args.json).write_text(json.dumps(
             dict(info=info, floors=floors, results=results, table=table), indent=2, default=str))
         print(f"\nwrote {args.json}")

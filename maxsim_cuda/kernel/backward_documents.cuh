@@ -18,14 +18,41 @@ constexpr int kDThreads = 128;  // one column per thread per D chunk
 // the serial adds of one CTA's hits (large R): small batches want R = 16, big ones 64.
 constexpr int kDRows = 64;
 constexpr int kDInFlight = 16;  // gathers issued before their adds
+// Entries a thread evaluates per batch: the ballot/scan and the three barriers of a batch
+// are paid once per kDThreads * kDPerThread entries (ncu, DocDoc: the per-batch
+// bookkeeping was about a quarter of the kernel's instructions at one entry a thread).
+constexpr int kDPerThread = 4;
+constexpr int kDBatch = kDThreads * kDPerThread;
 
 template <class Acc>
 struct GradDSmem {
   Acc acc[kDRows][kDThreads];
-  Acc hit_w[kDThreads];
-  int64_t hit_row[kDThreads];
-  int hit_j[kDThreads];
+  Acc hit_w[kDBatch];
+  int64_t hit_off[kDBatch];  // element offset of the query row (row * dim)
+  int hit_j[kDBatch];
   int wcount[kDThreads / 32];
+};
+
+// Walks entries k, k + 1, ... of one document as (outer, inner) = (k / L, k % L) without a
+// division per entry (L = Lq for contrastive, the argmax width for packed; unused for
+// padded, where the entry is the row itself).
+struct EntryCursor {
+  int64_t outer, inner, L;
+  __device__ __forceinline__ void seek(int64_t k, int64_t L_) {
+    L = L_ > 0 ? L_ : 1;
+    if (((k | L) >> 31) == 0) {  // the usual case: a 32-bit divide, inline
+      outer = uint32_t(k) / uint32_t(L);
+    } else {
+      outer = k / L;
+    }
+    inner = k - outer * L;
+  }
+  __device__ __forceinline__ void next() {
+    if (++inner == L) {
+      inner = 0;
+      ++outer;
+    }
+  }
 };
 
 template <int SURF, class T, class Acc>
@@ -63,6 +90,7 @@ __global__ void __launch_bounds__(kDThreads) grad_documents_kernel(const BwdArgs
       nentries = (kp1 - kp0) * a.W;
     }
   }
+  const int64_t L = is_contrastive(SURF) ? a.Lq : a.W;
 
   const int R = a.rows_per_cta;
   for (int64_t j0 = int64_t(blockIdx.y) * R; j0 < rows_total; j0 += int64_t(gridDim.y) * R) {
@@ -70,72 +98,96 @@ __global__ void __launch_bounds__(kDThreads) grad_documents_kernel(const BwdArgs
       const int64_t e = d0 + t;
 #pragma unroll 8
       for (int j = 0; j < R; ++j) sm.acc[j][t] = Acc(0);
-      for (int64_t base = 0; base < nentries; base += kDThreads) {
-        // evaluate entry k = base + t
-        const int64_t k = base + t;
-        bool hit = false;
-        int jl = 0;
-        int64_t qrow = 0;
-        Acc w = Acc(0);
-        if (k < nentries) {
-          int64_t p = -1, i = 0, qlen = 0, qr0 = 0;
-          if (SURF == 0) {
-            p = doc;
-            i = k;
-            const int64_t b = doc / a.C;
-            qlen = query_len_padded(a, b);
-            qr0 = b * a.Lq;
-          } else if (is_contrastive(SURF)) {
-            const int64_t q = k / a.Lq;
-            i = k - q * a.Lq;
-            p = q * a.nd + doc;
-            qlen = query_len_contrastive(a, q);
-            qr0 = q * a.Lq;
-          } else {
-            const int64_t kk = k / a.W;
-            i = k - kk * a.W;
-            int64_t pp, did, qid;
-            if (a.pbd.get(kp0 + kk, pp) && pp >= 0 && pp < a.pairs && a.pdids.get(pp, did) && did == doc &&
-                a.pqids.get(pp, qid) && segment(a.qoffs, qid, a.nq, a.q_rows, qr0, qlen)) {
-              p = pp;
+      for (int64_t base = 0; base < nentries; base += kDBatch) {
+        // this thread evaluates entries k0 .. k0 + kDPerThread - 1 (consecutive: the argmax
+        // reads of one thread share cache lines)
+        const int64_t k0 = base + int64_t(t) * kDPerThread;
+        EntryCursor cur;
+        cur.seek(k0, L);
+        bool hit[kDPerThread];
+        int jl[kDPerThread];
+        int64_t qoff[kDPerThread];
+        Acc w[kDPerThread];
+        int cnt = 0;
+#pragma unroll
+        for (int u = 0; u < kDPerThread; ++u) {
+          const int64_t k = k0 + u;
+          hit[u] = false;
+          jl[u] = 0;
+          qoff[u] = 0;
+          w[u] = Acc(0);
+          if (k < nentries) {
+            int64_t p = -1, i = 0, qlen = 0, qr0 = 0;
+            if (SURF == 0) {
+              p = doc;
+              i = k;
+              const int64_t b = doc / a.C;
+              qlen = query_len_padded(a, b);
+              qr0 = b * a.Lq;
+            } else if (is_contrastive(SURF)) {
+              const int64_t q = cur.outer;
+              i = cur.inner;
+              p = q * a.nd + doc;
+              qlen = query_len_contrastive(a, q);
+              qr0 = q * a.Lq;
+            } else {
+              const int64_t kk = cur.outer;
+              i = cur.inner;
+              int64_t pp, did, qid;
+              if (a.pbd.get(kp0 + kk, pp) && pp >= 0 && pp < a.pairs && a.pdids.get(pp, did) && did == doc &&
+                  a.pqids.get(pp, qid) && segment(a.qoffs, qid, a.nq, a.q_rows, qr0, qlen)) {
+                p = pp;
+              }
+            }
+            if (p >= 0 && i < qlen) {
+              const int64_t am = __ldg(a.argmax + p * a.W + i);
+              if (am >= 0 && am < dlen && am >= j0 && am < j0 + R) {
+                hit[u] = true;
+                jl[u] = static_cast<int>(am - j0);
+                qoff[u] = (qr0 + i) * a.dim;
+                w[u] = __ldg(a.g + p);
+              }
             }
           }
-          if (p >= 0 && i < qlen) {
-            const int64_t am = __ldg(a.argmax + p * a.W + i);
-            if (am >= 0 && am < dlen && am >= j0 && am < j0 + R) {
-              hit = true;
-              jl = static_cast<int>(am - j0);
-              qrow = qr0 + i;
-              w = __ldg(a.g + p);
-            }
-          }
+          cnt += hit[u] ? 1 : 0;
+          cur.next();
         }
-        const unsigned bal = __ballot_sync(0xffffffffu, hit);
-        if (lane == 0) sm.wcount[warp] = __popc(bal);
+        // Block-wide exclusive scan of the hit counts: hits keep increasing-k order.
+        int incl = cnt;
+#pragma unroll
+        for (int o = 1; o < 32; o *= 2) {
+          const int y = __shfl_up_sync(0xffffffffu, incl, o);
+          incl += lane >= o ? y : 0;
+        }
+        if (lane == 31) sm.wcount[warp] = incl;
         __syncthreads();
-        int off = 0, total = 0;
+        int pos = incl - cnt, total = 0;
 #pragma unroll
         for (int ww = 0; ww < kDThreads / 32; ++ww) {
-          off += ww < warp ? sm.wcount[ww] : 0;
+          pos += ww < warp ? sm.wcount[ww] : 0;
           total += sm.wcount[ww];
         }
-        if (hit) {
-          const int pos = off + __popc(bal & ((1u << lane) - 1u));
-          sm.hit_j[pos] = jl;
-          sm.hit_row[pos] = qrow;
-          sm.hit_w[pos] = w;
+#pragma unroll
+        for (int u = 0; u < kDPerThread; ++u) {
+          if (hit[u]) {
+            sm.hit_j[pos] = jl[u];
+            sm.hit_off[pos] = qoff[u];
+            sm.hit_w[pos] = w[u];
+            ++pos;
+          }
         }
         __syncthreads();
         if (e < a.dim) {
+          const T* qe = a.q + e;
           int h = 0;
           for (; h + kDInFlight <= total; h += kDInFlight) {  // gathers in flight, then adds in order
             Acc x[kDInFlight];
 #pragma unroll
-            for (int u = 0; u < kDInFlight; ++u) x[u] = to_acc<Acc>(a.q[sm.hit_row[h + u] * a.dim + e]);
+            for (int u = 0; u < kDInFlight; ++u) x[u] = to_acc<Acc>(qe[sm.hit_off[h + u]]);
 #pragma unroll
             for (int u = 0; u < kDInFlight; ++u) sm.acc[sm.hit_j[h + u]][t] += sm.hit_w[h + u] * x[u];
           }
-          for (; h < total; ++h) sm.acc[sm.hit_j[h]][t] += sm.hit_w[h] * to_acc<Acc>(a.q[sm.hit_row[h] * a.dim + e]);
+          for (; h < total; ++h) sm.acc[sm.hit_j[h]][t] += sm.hit_w[h] * to_acc<Acc>(qe[sm.hit_off[h]]);
         }
         __syncthreads();
       }
