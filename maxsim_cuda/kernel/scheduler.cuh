@@ -32,6 +32,15 @@ struct GroupedOrder {
 
   __host__ __device__ void map(int64_t s, int64_t& qb, int64_t& n) const {
     const int64_t per_group = nq_blocks * group;
+    if (((s | per_group | num_docs) >> 31) == 0) {  // the usual case: 32-bit divides, inline
+      const uint32_t s32 = uint32_t(s), pg = uint32_t(per_group), gs = uint32_t(group);
+      const uint32_t g = s32 / pg, r = s32 - g * pg, first = g * gs, left = uint32_t(num_docs) - first;
+      const uint32_t size = left < gs ? left : gs;
+      const uint32_t q = r / size;
+      qb = q;
+      n = first + (r - q * size);
+      return;
+    }
     const int64_t g = s / per_group;
     const int64_t r = s - g * per_group;
     const int64_t first = g * group;
