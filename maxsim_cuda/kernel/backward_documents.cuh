@@ -24,12 +24,19 @@ constexpr int kDInFlight = 16;  // gathers issued before their adds
 constexpr int kDPerThread = 4;
 constexpr int kDBatch = kDThreads * kDPerThread;
 
+// A compacted hit: its weight and the byte offset of its accumulator row in GradDSmem::acc,
+// read together (one 8-byte shared load for float).
+template <class Acc>
+struct DocHit {
+  Acc w;
+  int acc_bytes;
+};
+
 template <class Acc>
 struct GradDSmem {
   Acc acc[kDRows][kDThreads];
-  Acc hit_w[kDBatch];
+  DocHit<Acc> hit[kDBatch];
   int64_t hit_off[kDBatch];  // element offset of the query row (row * dim)
-  int hit_j[kDBatch];
   int wcount[kDThreads / 32];
 };
 
@@ -40,11 +47,7 @@ struct EntryCursor {
   int64_t outer, inner, L;
   __device__ __forceinline__ void seek(int64_t k, int64_t L_) {
     L = L_ > 0 ? L_ : 1;
-    if (((k | L) >> 31) == 0) {  // the usual case: a 32-bit divide, inline
-      outer = uint32_t(k) / uint32_t(L);
-    } else {
-      outer = k / L;
-    }
+    outer = div_nonneg(k, L);
     inner = k - outer * L;
   }
   __device__ __forceinline__ void next() {
@@ -91,6 +94,13 @@ __global__ void __launch_bounds__(kDThreads) grad_documents_kernel(const BwdArgs
     }
   }
   const int64_t L = is_contrastive(SURF) ? a.Lq : a.W;
+  // padded: the document's one query (b = doc / C), the same for every entry
+  int64_t pad_qlen = 0, pad_qr0 = 0;
+  if (SURF == 0) {
+    const int64_t b = div_nonneg(doc, a.C);
+    pad_qlen = query_len_padded(a, b);
+    pad_qr0 = b * a.Lq;
+  }
 
   const int R = a.rows_per_cta;
   for (int64_t j0 = int64_t(blockIdx.y) * R; j0 < rows_total; j0 += int64_t(gridDim.y) * R) {
@@ -121,9 +131,8 @@ __global__ void __launch_bounds__(kDThreads) grad_documents_kernel(const BwdArgs
             if (SURF == 0) {
               p = doc;
               i = k;
-              const int64_t b = doc / a.C;
-              qlen = query_len_padded(a, b);
-              qr0 = b * a.Lq;
+              qlen = pad_qlen;
+              qr0 = pad_qr0;
             } else if (is_contrastive(SURF)) {
               const int64_t q = cur.outer;
               i = cur.inner;
@@ -170,24 +179,25 @@ __global__ void __launch_bounds__(kDThreads) grad_documents_kernel(const BwdArgs
 #pragma unroll
         for (int u = 0; u < kDPerThread; ++u) {
           if (hit[u]) {
-            sm.hit_j[pos] = jl[u];
+            sm.hit[pos] = DocHit<Acc>{w[u], jl[u] * kDThreads * int(sizeof(Acc))};
             sm.hit_off[pos] = qoff[u];
-            sm.hit_w[pos] = w[u];
             ++pos;
           }
         }
         __syncthreads();
         if (e < a.dim) {
           const T* qe = a.q + e;
+          char* my_col = reinterpret_cast<char*>(&sm.acc[0][t]);  // + acc_bytes: this column of row j
+          const auto add = [&](const DocHit<Acc>& hh, Acc x) { *reinterpret_cast<Acc*>(my_col + hh.acc_bytes) += hh.w * x; };
           int h = 0;
           for (; h + kDInFlight <= total; h += kDInFlight) {  // gathers in flight, then adds in order
             Acc x[kDInFlight];
 #pragma unroll
             for (int u = 0; u < kDInFlight; ++u) x[u] = to_acc<Acc>(qe[sm.hit_off[h + u]]);
 #pragma unroll
-            for (int u = 0; u < kDInFlight; ++u) sm.acc[sm.hit_j[h + u]][t] += sm.hit_w[h + u] * x[u];
+            for (int u = 0; u < kDInFlight; ++u) add(sm.hit[h + u], x[u]);
           }
-          for (; h < total; ++h) sm.acc[sm.hit_j[h]][t] += sm.hit_w[h] * to_acc<Acc>(qe[sm.hit_off[h]]);
+          for (; h < total; ++h) add(sm.hit[h], to_acc<Acc>(qe[sm.hit_off[h]]));
         }
         __syncthreads();
       }

@@ -61,7 +61,7 @@ struct QuerySide {
 };
 
 constexpr int kQWarps = 4;  // warps (query rows) per CTA
-constexpr int kQUnroll = 8; // document rows gathered before their adds
+constexpr int kQUnroll = 8;  // document rows gathered before their adds (16 measured slower: BigColBERT 1.07 -> 1.38 ms)
 
 // Columns [e, e + 8 / sizeof(T)) of one row as Acc: one 8-byte load when the whole vector
 // is in range and aligned, else element by element (zeros past dim).

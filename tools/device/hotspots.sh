@@ -12,7 +12,7 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
 MAXSIM_CUDA_ARCHS=${MAXSIM_CUDA_ARCHS:-9.0a} python3 tools/build.py --backend cuda > "$OUT/build.log" 2>&1 \
   || { tail -n 40 "$OUT/build.log"; exit 1; }
-[[ -n ${PROBE:-split kernels} ]] && python3 tools/device/overhead.py ${PROBE:-split kernels} 2>&1 | tee "$OUT/probe.log"
+[[ -n ${PROBE-split kernels} ]] && python3 tools/device/overhead.py ${PROBE-split kernels} 2>&1 | tee "$OUT/probe.log"
 for spec in ${HOT:-}; do
   IFS=: read -r what mode kern <<< "$spec"
   name=${what%%-*}; layout=${what#*-}; [[ $layout == "$what" ]] && layout=full
