@@ -48,6 +48,7 @@ class Workload:
     layout: str = "ragged"  # default layout for this workload ("full" | "ragged")
     gpu_dtype: torch.dtype = torch.float16
     note: str = ""
+    dim: int = DIM
 
     def pairs(self, shape: dict) -> int:
         return shape["B"] * shape["C"] if "B" in shape else shape["Nq"] * shape["Nb"]
@@ -98,6 +99,11 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
              dict(Nq=8, Nb=500, Lq=32, Ld=256)),
     Workload("ColPaliCorpus", "contrastive", False, dict(Nq=8, Nb=4096, Lq=32, Ld=1030),
              dict(Nq=2, Nb=256, Lq=32, Ld=1030)),
+    # wide embeddings (issue 9's dim targets): Rerank's shape, and an in-batch scoring shape
+    *(Workload(f"RerankD{d}", "padded", False, dict(B=32, C=50, Lq=32, Ld=180), dict(B=2, C=50, Lq=32, Ld=180),
+               "full", dim=d) for d in (256, 512, 768, 1024)),
+    *(Workload(f"ContrastiveD{d}", "contrastive", False, dict(Nq=64, Nb=512, Lq=32, Ld=128),
+               dict(Nq=4, Nb=32, Lq=32, Ld=128), "full", torch.bfloat16, dim=d) for d in (256, 512, 768, 1024)),
 )}
 
 
@@ -169,10 +175,10 @@ class Inputs:
         """2 * D * sum over pairs of valid q tokens x valid d tokens (one forward)."""
         s = self.t
         if self.workload.surface in ("padded", "packed"):
-            return 2.0 * DIM * float((s["query_lengths"].double()[:, None] * s["doc_lengths"].double()).sum())
+            return 2.0 * self.workload.dim * float((s["query_lengths"].double()[:, None] * s["doc_lengths"].double()).sum())
         q = s["query_lengths"].double().sum() if s["query_lengths"] is not None else \
             self.shape["Nq"] * self.shape["Lq"]
-        return 2.0 * DIM * float(q) * float(s["doc_lengths"].double().sum())
+        return 2.0 * self.workload.dim * float(q) * float(s["doc_lengths"].double().sum())
 
 
 def build_inputs(w: Workload, device, dtype=None, layout=None, seed=0, shape=None) -> Inputs:
@@ -182,11 +188,11 @@ def build_inputs(w: Workload, device, dtype=None, layout=None, seed=0, shape=Non
     shape = shape or w.shape_for(device)
     gen = torch.Generator(device=device).manual_seed(seed)
     t = {}
-    Lq, Ld = shape["Lq"], shape["Ld"]
+    Lq, Ld, D = shape["Lq"], shape["Ld"], w.dim
     if w.surface in ("padded", "packed"):
         B, C = shape["B"], shape["C"]
-        t["queries"] = _unit(gen, (B, Lq, DIM), dtype, device)
-        t["documents"] = _unit(gen, (B, C, Ld, DIM), dtype, device)
+        t["queries"] = _unit(gen, (B, Lq, D), dtype, device)
+        t["documents"] = _unit(gen, (B, C, Ld, D), dtype, device)
         t["query_lengths"] = _lengths(gen, (B,), Lq, Lq // 2, layout, device)
         t["doc_lengths"] = _lengths(gen, (B, C), Ld, Ld // 4, layout, device)
         if w.surface == "packed":
@@ -200,13 +206,13 @@ def build_inputs(w: Workload, device, dtype=None, layout=None, seed=0, shape=Non
             del t["queries"], t["documents"]   # the packed surface never sees the padded copies
     else:
         Nq, Nb = shape["Nq"], shape["Nb"]
-        t["queries"] = _unit(gen, (Nq, Lq, DIM), dtype, device)
+        t["queries"] = _unit(gen, (Nq, Lq, D), dtype, device)
         q_len = _lengths(gen, (Nq,), Lq, Lq // 2, layout, device)
         t["query_lengths"] = None if layout == "full" else q_len
         t["doc_lengths"] = _lengths(gen, (Nb,), Ld, Ld // 4, layout, device)
         t["document_offsets"] = offsets(t["doc_lengths"])
         total = Nb * Ld if layout == "full" else int(t["document_offsets"][-1])
-        t["documents_packed"] = _unit(gen, (total, DIM), dtype, device)
+        t["documents_packed"] = _unit(gen, (total, D), dtype, device)
         if w.train:
             t["grad_weights"] = torch.randn(Nq, Nb, generator=gen, device=device)
     return Inputs(w, shape, dtype, layout, t)
@@ -216,7 +222,7 @@ def padded_documents(x: Inputs):
     """Contrastive documents as [Nb, Ld, D] (a view for the full layout, else a padded copy)."""
     Ld = x.shape["Ld"]
     if x.layout == "full":
-        return x.documents_packed.view(-1, Ld, DIM)
+        return x.documents_packed.view(-1, Ld, x.workload.dim)
     return unpack(x.documents_packed, x.document_offsets, Ld)
 
 
@@ -225,7 +231,7 @@ def packed_queries(x: Inputs):
     Nq, Lq = x.shape["Nq"], x.shape["Lq"]
     if x.query_lengths is None:
         lengths = torch.full((Nq,), Lq, dtype=torch.int32, device=x.queries.device)
-        return x.queries.reshape(Nq * Lq, DIM), offsets(lengths)
+        return x.queries.reshape(Nq * Lq, x.workload.dim), offsets(lengths)
     return x.queries[valid_mask(x.query_lengths, Lq)], offsets(x.query_lengths)
 
 
