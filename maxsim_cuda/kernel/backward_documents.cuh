@@ -112,8 +112,8 @@ __global__ void __launch_bounds__(kDThreads) grad_documents_kernel(const BwdArgs
         // this thread evaluates entries k0 .. k0 + kDPerThread - 1 (consecutive: the argmax
         // reads of one thread share cache lines)
         const int64_t k0 = base + int64_t(t) * kDPerThread;
-        EntryCursor cur;
-        cur.seek(k0, L);
+        EntryCursor cur{0, 0, 1};  // padded: the entry is the row itself
+        if (SURF != 0) cur.seek(k0, L);
         bool hit[kDPerThread];
         int jl[kDPerThread];
         int64_t qoff[kDPerThread];

@@ -131,7 +131,7 @@ __device__ __forceinline__ void finish_chunk(EpilogueSmem<Acc, BM, SLOTS>& sm, c
     const int64_t R = chunk * BM + r;
     int64_t s = 0, i = R, qlen = d.qlen0;
     if (d.nseg > 1) {
-      s = ((R | d.seg_stride) >> 31) == 0 ? int64_t(uint32_t(R) / uint32_t(d.seg_stride)) : R / d.seg_stride;
+      s = div_nonneg(R, d.seg_stride);
       i = R - s * d.seg_stride;
       qlen = s < d.nseg ? sm.seg_qlen[s] : 0;
     }

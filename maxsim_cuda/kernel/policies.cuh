@@ -44,13 +44,6 @@ struct IndexView {
   }
 };
 
-// a / b for a >= 0, b > 0: an inline 32-bit divide when both fit (the 64-bit one is a call,
-// whose spills around it showed up in the resource report).
-__device__ __forceinline__ int64_t div_nonneg(int64_t a, int64_t b) {
-  if (((a | b) >> 31) == 0) return int64_t(uint32_t(a) / uint32_t(b));
-  return a / b;
-}
-
 __device__ __forceinline__ int64_t clamp64(int64_t v, int64_t lo, int64_t hi) {
   return v < lo ? lo : (v > hi ? hi : v);
 }

@@ -10,6 +10,14 @@
 namespace maxsim_cuda {
 namespace kernel {
 
+// a / b for a >= 0, b > 0: an inline 32-bit divide when both fit. The 64-bit divide is a
+// call (tens of instructions, and spills around it in the resource report); the forward
+// pays it per step and the backward per entry batch.
+__host__ __device__ __forceinline__ int64_t div_nonneg(int64_t a, int64_t b) {
+  if (((a | b) >> 31) == 0) return int64_t(uint32_t(a) / uint32_t(b));
+  return a / b;
+}
+
 struct StepRange {
   int64_t begin, end;
 };
@@ -32,21 +40,12 @@ struct GroupedOrder {
 
   __host__ __device__ void map(int64_t s, int64_t& qb, int64_t& n) const {
     const int64_t per_group = nq_blocks * group;
-    if (((s | per_group | num_docs) >> 31) == 0) {  // the usual case: 32-bit divides, inline
-      const uint32_t s32 = uint32_t(s), pg = uint32_t(per_group), gs = uint32_t(group);
-      const uint32_t g = s32 / pg, r = s32 - g * pg, first = g * gs, left = uint32_t(num_docs) - first;
-      const uint32_t size = left < gs ? left : gs;
-      const uint32_t q = r / size;
-      qb = q;
-      n = first + (r - q * size);
-      return;
-    }
-    const int64_t g = s / per_group;
+    const int64_t g = div_nonneg(s, per_group);
     const int64_t r = s - g * per_group;
     const int64_t first = g * group;
     const int64_t left = num_docs - first;
     const int64_t size = left < group ? left : group;
-    qb = r / size;
+    qb = div_nonneg(r, size);
     n = first + (r - qb * size);
   }
 };

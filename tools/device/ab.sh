@@ -14,4 +14,4 @@ MAXSIM_TEST_NO_BUILD=1 python3 -m pytest -q -x -p no:cacheprovider ${AB_TESTS:-t
 wait
 echo "== candidate"; python3 tools/device/overhead.py ${PROBE:-kernels split} 2>&1 | tee "$OUT/probe_candidate.log"
 echo "== base"; (cd .base && python3 tools/device/overhead.py ${PROBE:-kernels split}) 2>&1 | tee "$OUT/probe_base.log"
-HOT=${HOT:-} PROBE="" bash tools/device/hotspots.sh 2>&1 | grep -v "^NVIDIA"
+if [[ -n ${HOT:-} ]]; then PROBE="" bash tools/device/hotspots.sh 2>&1 | grep -v "^NVIDIA"; fi
