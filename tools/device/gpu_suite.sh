@@ -7,7 +7,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit 1
-export PYTHONUNBUFFERED=1 MAXSIM_CUDA_ARCHS=${MAXSIM_CUDA_ARCHS:-9.0a} MAXSIM_TEST_AMPERE=${MAXSIM_TEST_AMPERE:-1}
+export PYTHONUNBUFFERED=1 MAXSIM_CUDA_ARCHS=${MAXSIM_CUDA_ARCHS-9.0a} MAXSIM_TEST_AMPERE=${MAXSIM_TEST_AMPERE:-1}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 steps=${STEPS:-test,sanitize,bench}
 status=0
