@@ -81,7 +81,7 @@ cudaError_t launch_forward_mma(const ForwardParams& p) {
 //   BM=64:  8 warps (4 x 2), 4 stages (64 KB), 2 CTAs/SM
 //   BM=128 padded/packed: 8 warps (4 x 2, 32 x 32 each), 4 stages (96 KB), 2 CTAs/SM on sm_90
 //   BM=128 contrastive: 128-row document tiles, 8 warps (4 x 2, 32 x 64 each), 4 stages
-//     (128 KB), 1 CTA/SM, no register cap (the 2-CTA shape spills at 128 registers).
+//     (128 KB), 1 CTA/SM, no register cap (the 2-CTA shape below is slower).
 // H200, bf16 Nq=64 Lq=32 Nb=512 Ld=128: 0.97 / 1.70 ms at D=512 / 1024 against 1.11 / 2.04
 // for the 2-CTA 128x64 shape. The BM=32 rerank shape beat an 8-warp and a 128-column-chunk
 // variant at D=512..1024 (fp16 B=32 C=50 Lq=32 Ld=180).
