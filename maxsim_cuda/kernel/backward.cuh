@@ -59,8 +59,13 @@ cudaError_t run_backward(const BackwardParams& p) {
   if (p.grad_documents != nullptr && a.nd > 0) {
     // per document (padded layouts: exactly; segments: on average)
     const int64_t rows = SURF == 0 || SURF == 3 ? a.Ld : a.d_rows / a.nd + 1;
-    // Small batches: too few documents to fill the GPU, so split each into 16-row owners.
-    a.rows_per_cta = a.nd * ((rows + 15) / 16) <= 4 * int64_t(p.num_sms) ? 16 : kDRows;
+    // The largest R (least rescanning) that still gives about four CTAs per SM; small
+    // batches fall back to 16-row owners. (BigBatch, 64 documents of 128 rows: R = 64 gave
+    // 192 CTAs on 132 SMs, each applying a third of its document's hits.)
+    const int64_t want = 4 * int64_t(p.num_sms > 0 ? p.num_sms : 1);
+    a.rows_per_cta = a.nd * ((rows + kDRows - 1) / kDRows) >= want ? kDRows
+                     : a.nd * ((rows + 31) / 32) >= want        ? 32
+                                                                : 16;
     int64_t ychunks = (rows + a.rows_per_cta - 1) / a.rows_per_cta;
     if (SURF != 0 && ychunks > 256) ychunks = 256;
     if (ychunks < 1) ychunks = 1;
