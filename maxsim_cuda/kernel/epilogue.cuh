@@ -115,14 +115,19 @@ struct EpilogueSmem {
   int64_t seg_qlen[BM];
 };
 
-// Called by all threads after the last document tile of (step, chunk). `carry` (thread 0)
-// continues the score sum across M-chunks of a long query, in increasing row order.
-template <class Acc, int BM, int SLOTS, int THREADS>
+struct CtaSync {
+  __device__ __forceinline__ void operator()() const { __syncthreads(); }
+};
+
+// Called by all THREADS threads (thread `tid`; `sync` is their barrier: the whole CTA, or
+// one warpgroup in the warp-specialised kernel) after the last document tile of (step,
+// chunk). `carry` (thread 0) continues the score sum across M-chunks of a long query, in
+// increasing row order.
+template <class Acc, int BM, int SLOTS, int THREADS, class Sync = CtaSync>
 __device__ __forceinline__ void finish_chunk(EpilogueSmem<Acc, BM, SLOTS>& sm, const StepDesc& d,
                                              int64_t chunk, int64_t nchunks, Acc& carry,
-                                             const EpilogueArgs& ea) {
-  const int tid = threadIdx.x;
-  __syncthreads();  // red_m / red_i written by the mainloop
+                                             const EpilogueArgs& ea, int tid = threadIdx.x, Sync sync = {}) {
+  sync();  // red_m / red_i written by the mainloop
   for (int r = tid; r < BM; r += THREADS) {
     Acc m = sm.red_m[r * SLOTS];
     int idx = sm.red_i[r * SLOTS];
@@ -143,7 +148,7 @@ __device__ __forceinline__ void finish_chunk(EpilogueSmem<Acc, BM, SLOTS>& sm, c
     }
     sm.rowmax[r] = m;
   }
-  __syncthreads();
+  sync();
   Acc* scores = static_cast<Acc*>(ea.scores);
   const bool last = chunk + 1 == nchunks;
   if (d.nseg == 1) {

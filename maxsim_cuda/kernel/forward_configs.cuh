@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "../launch.h"
+#include "forward_hopper.cuh"
 #include "forward_kernel.cuh"
 
 namespace maxsim_cuda {
@@ -43,8 +44,26 @@ template <class T, int KD>
 struct ContrastiveWide { using type = MmaMainloop<T, KD, 256, 64, 8, 1, 4>; };
 
 // Explicitly instantiated per (dtype, surface) in forward_<dtype>_<surface>.cu.
+// sm_90a contrastive shapes (forward_hopper.cuh): 128-row document tiles, 5 stages at
+// dim <= 128 (197 KB), 8 at dim <= 64; one CTA per SM.
+template <class T, int SURF>
+cudaError_t launch_contrastive_hopper(const ForwardParams& p, bool& ran) {
+  using Policy = std::conditional_t<SURF == 1, ContrastivePolicy, ContrastivePaddedPolicy>;
+  const Policy pol = make_contrastive<Policy>(p, HopperShape<128, 5>::BM);
+  const EpilogueArgs ep = make_args<T>(p).ep;
+  return p.dim <= 64 ? run_forward_hopper<T, HopperShape<64, 8>>(p, pol, ep, ran)
+                     : run_forward_hopper<T, HopperShape<128, 5>>(p, pol, ep, ran);
+}
+
 template <class T, int SURF>
 cudaError_t launch_forward_mma(const ForwardParams& p) {
+  if constexpr (is_contrastive(SURF)) {
+    if (hopper_contrastive_applies(p)) {
+      bool ran = false;
+      const cudaError_t err = launch_contrastive_hopper<T, SURF>(p, ran);
+      if (ran || err != cudaSuccess) return err;
+    }
+  }
   const int bm = pick_bm(p);
   const int kd = p.dim <= 64 ? 64 : (p.dim <= 128 ? 128 : 256);
   if constexpr (!is_contrastive(SURF)) {

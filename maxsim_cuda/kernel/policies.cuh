@@ -158,9 +158,13 @@ struct ContrastiveGrid {
   __device__ __forceinline__ Ahead ahead(int64_t) const { return {}; }
 
   __device__ __forceinline__ StepDesc step(int64_t s, const Ahead&) const {
-    StepDesc d;
     int64_t qb, n;
     order.map(s, qb, n);
+    return step_at(qb, n);
+  }
+  // Query block qb against document n (the warp-specialised kernel walks its own order).
+  __device__ __forceinline__ StepDesc step_at(int64_t qb, int64_t n) const {
+    StepDesc d;
     const int64_t q0 = qb * G;
     const int64_t rem = Nq - q0;
     d.nseg = static_cast<int>(rem < G ? rem : G);

@@ -1,0 +1,334 @@
+// The contrastive forward on sm_90a: warp-specialised, TMA-fed, wgmma. fp16/bf16,
+// dim <= 128 (multiple of 8), queries of at most 64 rows.
+//
+// Roles. One producer warp (one elected lane) walks the CTA's steps and issues TMA tile
+// loads: the two 64-row query blocks of a step pair once per pair, and every 128-row
+// document tile into a ring of kStages slots guarded by full/empty mbarriers. Two consumer
+// warpgroups each own one 64-row query block (policy blocks 2P and 2P+1) and share every
+// document tile: per tile, wgmma m64n128k16 (m64n64k16 for a tail of at most 64 rows) from
+// the swizzled shared-memory operands into fp32 registers, release the slot, fold into the
+// running (max, argmax) with the mma.sync kernels' MmaRowMax (wgmma's accumulator layout
+// is mma.sync's m16n8 layout per 8 columns), and after a document's last tile run the
+// shared epilogue on the warpgroup's 64 rows (a named barrier instead of __syncthreads).
+// The warpgroups run decoupled, so one's fold and epilogue overlap the other's MMAs.
+//
+// Schedule. CTA steps are (query-block pair P, document n) in GroupedOrder (pairs of
+// consecutive policy blocks share a document group), split contiguously over a persistent
+// grid like the mma.sync kernel. The query buffer is single: the producer reloads it only
+// after both warpgroups released the previous pair (qempty), once per group of documents.
+//
+// Where a tile runs past its document (the next document's rows, or zero rows past the
+// tensor), the fold masks those columns. Query rows past a segment's length are scored and
+// never reported, as in the mma.sync kernels. Host side: the tensor maps (encoded through
+// the runtime's driver entry point, no libcuda link) and the checks that pick this path.
+// Torch-free.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <type_traits>
+
+#include "../launch.h"
+#include "epilogue.cuh"
+#include "hopper_primitives.cuh"
+#include "mainloop_mma.cuh"
+#include "policies.cuh"
+#include "scheduler.cuh"
+
+namespace maxsim_cuda {
+namespace kernel {
+
+// The value lane 0 holds, for every lane (see hopper_consume).
+template <class V>
+__device__ __forceinline__ V uniform(V v) {
+  return __shfl_sync(0xffffffffu, v, 0);
+}
+
+template <int KD_, int STAGES_>
+struct HopperShape {
+  static constexpr int KD = KD_, KB = KD / 64;  // 64-column (128-byte) swizzle blocks
+  static constexpr int BM = 64;                 // query rows per consumer warpgroup
+  static constexpr int BN = 128;                // document rows per tile
+  static constexpr int NT = BN / 8;
+  static constexpr int kConsumers = 2, kStages = STAGES_;
+  static constexpr int kThreads = kConsumers * 128 + 32;
+  static constexpr int kProducerWarp = kConsumers * 4;
+  static constexpr uint32_t kRowBytes = 128;
+  static constexpr uint32_t kQueryBlockBytes = KB * BM * kRowBytes;  // one warpgroup's block
+  static constexpr uint32_t kTileBytes = KB * BN * kRowBytes;
+  static_assert(KD % 64 == 0 && KB >= 1 && KB <= 2, "KD");
+};
+
+template <class Shape>
+struct HopperSmem {
+  alignas(1024) unsigned char query[Shape::kConsumers][Shape::kQueryBlockBytes];
+  alignas(1024) unsigned char tile[Shape::kStages][Shape::kTileBytes];
+  uint64_t full[Shape::kStages], empty[Shape::kStages], qfull, qempty;
+  EpilogueSmem<float, Shape::BM, 1> epi[Shape::kConsumers];
+  // + 1024: the swizzle atoms need a 1024-byte aligned base; the dynamic window promises 16.
+  static constexpr size_t bytes() { return sizeof(HopperSmem) + 1024; }
+};
+
+struct WarpgroupSync {
+  int id;
+  __device__ __forceinline__ void operator()() const { named_barrier(id, 128); }
+};
+
+template <class Policy>
+struct HopperParams {
+  Policy pol;          // built for 64-row blocks
+  GroupedOrder order;  // over block pairs
+  EpilogueArgs ep;
+};
+
+// Document n's rows and tile count; producer and consumers must agree on both.
+template <class Policy, int BN>
+__device__ __forceinline__ int64_t doc_tiles(const Policy& pol, int64_t n, int64_t& row0, int64_t& len) {
+  row0 = len = 0;
+  if (!pol.docs.rows(n, row0, len)) return 0;
+  return (len + BN - 1) / BN;
+}
+
+template <class Shape, class Policy>
+__device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const HopperParams<Policy>& hp, StepRange range,
+                                               const CUtensorMap* qmap, const CUtensorMap* dmap) {
+  constexpr int S = Shape::kStages, BN = Shape::BN, KB = Shape::KB;
+  const Policy& pol = hp.pol;
+  int it = 0;
+  int64_t cur_pair = -1;
+  uint32_t qround = 0;
+  for (int64_t s = range.begin; s < range.end; ++s) {
+    int64_t pair, n;
+    hp.order.map(s, pair, n);
+    if (pair != cur_pair) {
+      if (cur_pair >= 0) mbar_wait(smem_addr(&sm.qempty), (qround++) & 1);
+      const bool second = 2 * pair + 1 < pol.order.nq_blocks;
+      mbar_arrive_expect_tx(smem_addr(&sm.qfull), (second ? 2u : 1u) * Shape::kQueryBlockBytes);
+#pragma unroll
+      for (int g = 0; g < Shape::kConsumers; ++g) {
+        if (g == 1 && !second) break;
+        const int row = static_cast<int>((2 * pair + g) * pol.G * pol.Lq);
+#pragma unroll
+        for (int kb = 0; kb < KB; ++kb) {
+          tma_load_2d(smem_addr(sm.query[g]) + kb * Shape::BM * Shape::kRowBytes, qmap, smem_addr(&sm.qfull),
+                      kb * 64, row);
+        }
+      }
+      cur_pair = pair;
+    }
+    int64_t row0, len;
+    const int64_t ntiles = doc_tiles<Policy, BN>(pol, n, row0, len);
+    for (int64_t t = 0; t < ntiles; ++t, ++it) {
+      const int stage = it % S;
+      mbar_wait(smem_addr(&sm.empty[stage]), ((it / S) & 1) ^ 1);
+      mbar_arrive_expect_tx(smem_addr(&sm.full[stage]), Shape::kTileBytes);
+#pragma unroll
+      for (int kb = 0; kb < KB; ++kb) {
+        tma_load_2d(smem_addr(sm.tile[stage]) + kb * BN * Shape::kRowBytes, dmap, smem_addr(&sm.full[stage]),
+                    kb * 64, static_cast<int>(row0 + t * BN));
+      }
+    }
+  }
+}
+
+// This warpgroup's MMAs for one tile: S[64 x N] = Q block * tile^T over KD columns, N = 128,
+// or 64 when at most 64 document rows are left (the fold masks the rest either way).
+template <class T, class Shape>
+__device__ __forceinline__ void hopper_mma(float (&acc)[Shape::NT][4], uint32_t qbase, uint32_t tbase, bool narrow) {
+  fence_registers(acc);
+  wgmma_fence();
+  if (narrow) {
+#pragma unroll
+    for (int kb = 0; kb < Shape::KB; ++kb)
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        WgmmaM64<T, 64>::run(acc, sw128_desc(qbase + kb * Shape::BM * Shape::kRowBytes + kk * 32),
+                             sw128_desc(tbase + kb * Shape::BN * Shape::kRowBytes + kk * 32), (kb | kk) != 0);
+      }
+    wgmma_commit();
+    wgmma_wait<0>();
+  } else {
+#pragma unroll
+    for (int kb = 0; kb < Shape::KB; ++kb)
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        WgmmaM64<T, 128>::run(acc, sw128_desc(qbase + kb * Shape::BM * Shape::kRowBytes + kk * 32),
+                              sw128_desc(tbase + kb * Shape::BN * Shape::kRowBytes + kk * 32), (kb | kk) != 0);
+      }
+    wgmma_commit();
+    wgmma_wait<0>();
+  }
+  fence_registers(acc);
+}
+
+template <class T, class Shape, class Policy>
+__device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const HopperParams<Policy>& hp,
+                                               StepRange range) {
+  constexpr int S = Shape::kStages, BN = Shape::BN;
+  const Policy& pol = hp.pol;
+  // Warp-uniform values go through a shuffle: ptxas then knows every branch around the
+  // MMAs is uniform over the warpgroup (else it serialises them, warning C7520).
+  const int g = uniform(threadIdx.x / 128), tid = threadIdx.x % 128, warp = tid / 32, lane = threadIdx.x % 32;
+  auto& epi = sm.epi[g];
+  const uint32_t qbase = smem_addr(sm.query[g]);
+  MmaRowMax<1, Shape::NT, BN, 1, BN> row_max;
+  float acc[1][Shape::NT][4];
+  zero_acc(acc);
+  float carry = 0.f;
+  int it = 0;
+  int64_t cur_pair = -1;
+  uint32_t qround = 0;
+  for (int64_t s = range.begin; s < range.end; ++s) {
+    int64_t pair, n;
+    hp.order.map(s, pair, n);
+    if (pair != cur_pair) {
+      if (cur_pair >= 0) mbar_arrive(smem_addr(&sm.qempty));  // every MMA on the old block has drained
+      mbar_wait(smem_addr(&sm.qfull), (qround++) & 1);
+      cur_pair = pair;
+    }
+    const int64_t qb = 2 * pair + g;
+    const bool active = qb < pol.order.nq_blocks;  // uniform over the warpgroup
+    int64_t row0, len;
+    const int64_t ntiles = uniform(doc_tiles<Policy, BN>(pol, n, row0, len));
+    len = uniform(len);
+    row_max.reset();
+    for (int64_t t = 0; t < ntiles; ++t, ++it) {
+      const int stage = it % S;
+      mbar_wait(smem_addr(&sm.full[stage]), (it / S) & 1);
+      const int64_t left64 = len - t * BN;
+      const int left = static_cast<int>(left64 < BN ? left64 : BN);
+      if (active) hopper_mma<T, Shape>(acc[0], qbase, smem_addr(sm.tile[stage]), left <= 64);
+      mbar_arrive(smem_addr(&sm.empty[stage]));  // the MMAs have read the slot
+      if (active) row_max.fold(acc, lane, 0, left, static_cast<int>(t * BN), hp.ep.with_argmax);
+    }
+    if (active) {
+      const StepDesc d = pol.step_at(qb, n);
+      const WarpgroupSync sync{1 + g};
+      sync();  // the previous epilogue has finished reading seg_qlen
+      for (int k = tid; k < d.nseg && d.nseg > 1; k += 128) epi.seg_qlen[k] = pol.seg_qlen(d, k);
+      row_max.reduce(epi.red_m, epi.red_i, lane, warp, 0);
+      finish_chunk<float, Shape::BM, 1, 128>(epi, d, 0, 1, carry, hp.ep, tid, sync);
+    }
+  }
+}
+
+template <class T, class Shape, class Policy>
+__global__ void __launch_bounds__(Shape::kThreads, 1)
+    maxsim_forward_hopper_kernel(const HopperParams<Policy> hp, const __grid_constant__ CUtensorMap qmap,
+                                 const __grid_constant__ CUtensorMap dmap) {
+#if MAXSIM_HAS_WGMMA
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t pad = ((smem_addr(smem_raw) + 1023u) & ~1023u) - smem_addr(smem_raw);
+  auto& sm = *reinterpret_cast<HopperSmem<Shape>*>(smem_raw + pad);
+  const StepRange range = cta_steps(hp.order.nq_blocks * hp.pol.Nb, gridDim.x, blockIdx.x);
+  if (range.begin >= range.end) return;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Shape::kStages; ++s) {
+      mbar_init(smem_addr(&sm.full[s]), 1);
+      mbar_init(smem_addr(&sm.empty[s]), Shape::kConsumers * 128);
+    }
+    mbar_init(smem_addr(&sm.qfull), 1);
+    mbar_init(smem_addr(&sm.qempty), Shape::kConsumers * 128);
+    fence_mbar_init();
+  }
+  __syncthreads();
+  if (uniform(threadIdx.x / 32) == Shape::kProducerWarp) {
+    if (threadIdx.x % 32 == 0) hopper_produce<Shape>(sm, hp, range, &qmap, &dmap);
+    return;
+  }
+  hopper_consume<T, Shape>(sm, hp, range);
+#endif
+}
+
+// ---- host ----
+
+// Comparisons only: MAXSIM_CUDA_FORCE_MMA_SYNC=1 keeps the mma.sync kernels on sm_90a.
+// Read on every call (one getenv) so one process can time both paths.
+inline bool force_mma_sync() {
+  const char* e = std::getenv("MAXSIM_CUDA_FORCE_MMA_SYNC");
+  return e != nullptr && e[0] == '1';
+}
+
+using TensorMapEncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                          const cuuint64_t*, const cuuint32_t*, const cuuint32_t*,
+                                          CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                          CUtensorMapFloatOOBfill);
+
+inline TensorMapEncodeTiled tensor_map_encoder() {
+  static const TensorMapEncodeTiled fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) !=
+            cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      return TensorMapEncodeTiled(nullptr);
+    }
+    return reinterpret_cast<TensorMapEncodeTiled>(f);
+  }();
+  return fn;
+}
+
+// [rows x dim] row-major 16-bit matrix, boxes of box_rows x 64 columns, 128-byte swizzle,
+// zeros outside. false when the driver refuses it.
+template <class T>
+bool encode_rows_map(CUtensorMap& map, const void* base, int64_t rows, int64_t dim, int box_rows) {
+  const TensorMapEncodeTiled encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  const CUtensorMapDataType type =
+      std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const cuuint64_t dims[2] = {cuuint64_t(dim), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(dim) * sizeof(T)};
+  const cuuint32_t box[2] = {64u, cuuint32_t(box_rows)};
+  const cuuint32_t elem_strides[2] = {1u, 1u};
+  return encode(&map, type, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// Whether the Hopper kernel takes this call (else the caller runs the mma.sync kernels).
+inline bool hopper_contrastive_applies(const ForwardParams& p) {
+  constexpr int64_t kCoordLimit = (int64_t(1) << 31) - 256;  // TMA coordinates are int32
+  return p.lq >= 1 && p.lq <= 64 && p.dim >= 8 && p.dim <= 128 && p.dim % 8 == 0 && p.num_queries > 0 &&
+         p.num_docs > 0 && p.q_rows > 0 && p.d_rows > 0 && p.q_rows < kCoordLimit && p.d_rows < kCoordLimit &&
+         reinterpret_cast<uintptr_t>(p.queries) % 16 == 0 && reinterpret_cast<uintptr_t>(p.documents) % 16 == 0 &&
+         !force_mma_sync() && wgmma_compiled_for_current_device();
+}
+
+template <class T, class Shape, class Policy>
+cudaError_t run_forward_hopper(const ForwardParams& p, const Policy& pol, const EpilogueArgs& ep, bool& ran) {
+  ran = false;
+  CUtensorMap qmap, dmap;
+  if (!encode_rows_map<T>(qmap, p.queries, p.q_rows, p.dim, Shape::BM) ||
+      !encode_rows_map<T>(dmap, p.documents, p.d_rows, p.dim, Shape::BN)) {
+    return cudaSuccess;  // not taken: the mma.sync kernels run instead
+  }
+  HopperParams<Policy> hp;
+  hp.pol = pol;
+  hp.order.nq_blocks = (pol.order.nq_blocks + 1) / 2;
+  hp.order.num_docs = pol.Nb;
+  hp.order.group = pol.order.group;
+  hp.ep = ep;
+  ran = true;
+  const int64_t steps = hp.order.nq_blocks * pol.Nb;
+  if (steps <= 0) return cudaSuccess;
+  auto kern = maxsim_forward_hopper_kernel<T, Shape, Policy>;
+  constexpr size_t smem = HopperSmem<Shape>::bytes();
+  static bool configured[64] = {false};
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (!configured[dev & 63]) {
+    err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (err != cudaSuccess) return err;
+    configured[dev & 63] = true;
+  }
+  const int64_t ctas = plan_ctas(steps, p.num_sms, 1);
+  kern<<<static_cast<unsigned>(ctas), Shape::kThreads, smem, p.stream>>>(hp, qmap, dmap);
+  return cudaGetLastError();
+}
+
+}  // namespace kernel
+}  // namespace maxsim_cuda

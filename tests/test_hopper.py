@@ -1,0 +1,108 @@
+"""The sm_90a contrastive kernel (warp-specialised, TMA + wgmma) against the float64
+reference and against the mma.sync kernels it replaces on Hopper.
+
+Runs only on a compute capability 9.0 GPU with a CUDA build (elsewhere the mma.sync kernels
+are the only path, and the rest of the suite covers them). MAXSIM_CUDA_FORCE_MMA_SYNC=1 is
+read on every call, so each case runs both paths in one process. The shapes aim at the
+kernel's edges: tiles that end exactly at, just before and just past 64 and 128 document
+rows (the narrow-MMA tail and the masked fold), empty documents, an odd number of 64-row
+query blocks (the second warpgroup idle), query blocks of several queries whose rows do not
+fill 64, Lq = 64 and 65 (the last length it takes, the first it leaves), dims 8..128 not
+multiples of 64 (zero-filled columns), both document layouts, and the argmax.
+"""
+import pytest
+import torch
+
+from conftest import (
+    BACKENDS, as_padded_documents, assert_argmax, assert_grads, assert_scores, expected_grads,
+    load_kernel, make_contrastive, rand_lengths, run_train, unit,
+)
+
+pytestmark = pytest.mark.skipif(
+    "cuda" not in BACKENDS or not torch.cuda.is_available()
+    or torch.cuda.get_device_capability() != (9, 0),
+    reason="needs a compute capability 9.0 GPU and the CUDA build")
+
+
+@pytest.fixture(scope="module")
+def ms():
+    return load_kernel("cuda")
+
+
+def both_paths(monkeypatch, fn):
+    monkeypatch.delenv("MAXSIM_CUDA_FORCE_MMA_SYNC", raising=False)
+    hopper = fn()
+    monkeypatch.setenv("MAXSIM_CUDA_FORCE_MMA_SYNC", "1")
+    mma = fn()
+    monkeypatch.delenv("MAXSIM_CUDA_FORCE_MMA_SYNC")
+    return hopper, mma
+
+
+SHAPES = [
+    # Nq, Lq, document lengths, D
+    (3, 32, [1, 63, 64, 65, 127, 128, 129, 0, 191, 192, 193, 300], 128),
+    (5, 20, [180] * 7 + [0, 5], 128),       # 3 queries per 64-row block, 2 blocks: one pair
+    (7, 64, [100, 256, 17, 129], 96),       # Lq = 64: one query per block, odd block count
+    (2, 1, [40, 400, 64], 64),              # KD = 64 shape
+    (9, 33, [70, 3, 128, 255], 40),         # one query per block, zero-filled columns
+    (4, 32, [130, 66], 8),
+]
+
+
+@pytest.mark.parametrize("padded_docs", [False, True], ids=["packed_docs", "padded_docs"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"nq{s[0]}_lq{s[1]}_d{s[3]}" for s in SHAPES])
+def test_matches_reference_and_mma_sync(ms, monkeypatch, rng, shape, dtype, padded_docs):
+    nq, lq, d_lens, dim = shape
+    case = make_contrastive(rng, nq, lq, d_lens, dim, dtype=dtype, device="cuda")
+    if padded_docs:
+        case = as_padded_documents(case)
+    (s_h, a_h), (s_m, a_m) = both_paths(monkeypatch, lambda: case.call(ms, "_with_argmax"))
+    assert_scores(s_h, case)
+    assert_argmax(a_h, case)
+    # The tensor cores may round a dot product differently from mma.sync in the last bit,
+    # so the paths agree to fp32 rounding (and the argmax to near-ties, checked above).
+    torch.testing.assert_close(s_h, s_m, rtol=1e-5, atol=1e-4, equal_nan=True)
+    assert (a_h == a_m).float().mean() > 0.99
+    s_plain, _ = both_paths(monkeypatch, lambda: case.call(ms, ""))
+    torch.testing.assert_close(s_plain, s_h, rtol=0, atol=0, equal_nan=True)
+
+
+def test_many_blocks_and_documents(ms, monkeypatch, rng):
+    """Enough steps that every CTA of the persistent grid walks several query-block pairs
+    (the query buffer is reloaded) and the document ring wraps many times."""
+    nq, lq = 37, 32
+    d_lens = rand_lengths(rng, (300,), 200)
+    case = make_contrastive(rng, nq, lq, d_lens, 128, dtype=torch.bfloat16, device="cuda")
+    (s_h, a_h), (s_m, a_m) = both_paths(monkeypatch, lambda: case.call(ms, "_with_argmax"))
+    assert_scores(s_h, case)
+    assert_argmax(a_h, case)
+    torch.testing.assert_close(s_h, s_m, rtol=1e-5, atol=1e-4)
+    again = case.call(ms, "_with_argmax")
+    assert torch.equal(again[0], s_h) and torch.equal(again[1], a_h)  # deterministic
+
+
+def test_nan_and_ties(ms, monkeypatch, rng):
+    """A NaN document token wins its rows at its first position; exact ties go to the lowest
+    document row, also across a tile boundary (rows 5 and 133 repeat row 5)."""
+    case = make_contrastive(rng, 3, 32, [200, 150], 128, dtype=torch.float16, device="cuda", q_lens=None)
+    docs = case.documents
+    docs[133] = docs[5]
+    docs[200 + 70, 3] = float("nan")
+    (s_h, a_h), (s_m, a_m) = both_paths(monkeypatch, lambda: case.call(ms, "_with_argmax"))
+    assert_argmax(a_h, case)
+    assert not (a_h[:, 0] == 133).any()  # row 5 ties it and comes first
+    assert (a_h[:, 1] == 70).all()  # every query row of document 1 meets the NaN first
+    assert torch.isnan(s_h[:, 1]).all() and not torch.isnan(s_h[:, 0]).any()
+    torch.testing.assert_close(s_h[:, 0], s_m[:, 0], rtol=1e-5, atol=1e-4)
+
+
+def test_train_gradients(ms, rng):
+    case = make_contrastive(rng, 6, 32, [90, 130, 1, 64], 128, dtype=torch.bfloat16, device="cuda")
+    grad = unit(rng, *case.score_shape, device="cuda")
+    scores, gq, gd = run_train(ms, case, grad)
+    assert_scores(scores, case)
+    _, argmax = case.call(ms, "_with_argmax")
+    eq, ed, bound_q, bound_d = expected_grads(case, grad, argmax)
+    assert_grads(gq, eq, bound_q, case.queries.dtype)
+    assert_grads(gd, ed, bound_d, case.queries.dtype)

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# One device call for the sm_90a contrastive kernel: build for sm_90a only, its targeted
+# tests (each with a time limit, so a hung pipeline cannot eat the call), then the forward
+# shapes and training pieces with the Hopper kernel and with MAXSIM_CUDA_FORCE_MMA_SYNC=1.
+# Carry .whl. TESTS overrides the test selection; PROBE the overhead.py modes.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit 1
+export PYTHONUNBUFFERED=1 MAXSIM_CUDA_ARCHS=${MAXSIM_CUDA_ARCHS:-9.0a}
+python3 tools/build.py --backend cuda > "$OUT/build.log" 2>&1 || { tail -n 40 "$OUT/build.log"; exit 1; }
+grep -h "C75[0-9][0-9]" "$OUT/build.log" | sed 's/in the function.*//' | sort | uniq -c | head
+MAXSIM_TEST_NO_BUILD=1 timeout ${TEST_LIMIT:-300} python3 -m pytest -q -x -p no:cacheprovider \
+  ${TESTS:-tests/test_hopper.py} 2>&1 | tail -n 25
+for mode in ${PROBE:-kernels split}; do
+  echo "== hopper: $mode"; timeout 180 python3 tools/device/overhead.py $mode 2>&1 | tee -a "$OUT/probe_hopper.log"
+  echo "== mma.sync: $mode"; MAXSIM_CUDA_FORCE_MMA_SYNC=1 timeout 180 python3 tools/device/overhead.py $mode 2>&1 | tee -a "$OUT/probe_mma.log"
+done
