@@ -44,15 +44,24 @@ template <class T, int KD>
 struct ContrastiveWide { using type = MmaMainloop<T, KD, 256, 64, 8, 1, 4>; };
 
 // Explicitly instantiated per (dtype, surface) in forward_<dtype>_<surface>.cu.
-// sm_90a contrastive shapes (forward_hopper.cuh): 128-row document tiles, 5 stages at
-// dim <= 128 (197 KB), 8 at dim <= 64; one CTA per SM.
+// sm_90a contrastive shapes (forward_hopper.cuh): 128-row document tiles; 5 stages at
+// dim <= 128, 8 at dim <= 64; one CTA per SM. MAXSIM_CUDA_HOPPER_CONSUMERS=2 picks two
+// consumer warpgroups instead of three (experiment knob, read per call).
+inline int hopper_consumers() {
+  const char* e = std::getenv("MAXSIM_CUDA_HOPPER_CONSUMERS");
+  return e != nullptr && e[0] == '2' ? 2 : 3;
+}
 template <class T, int SURF>
 cudaError_t launch_contrastive_hopper(const ForwardParams& p, bool& ran) {
   using Policy = std::conditional_t<SURF == 1, ContrastivePolicy, ContrastivePaddedPolicy>;
-  const Policy pol = make_contrastive<Policy>(p, HopperShape<128, 5>::BM);
+  const Policy pol = make_contrastive<Policy>(p, 64);
   const EpilogueArgs ep = make_args<T>(p).ep;
-  return p.dim <= 64 ? run_forward_hopper<T, HopperShape<64, 8>>(p, pol, ep, ran)
-                     : run_forward_hopper<T, HopperShape<128, 5>>(p, pol, ep, ran);
+  if (hopper_consumers() == 2) {
+    return p.dim <= 64 ? run_forward_hopper<T, HopperShape<64, 8, 2>>(p, pol, ep, ran)
+                       : run_forward_hopper<T, HopperShape<128, 5, 2>>(p, pol, ep, ran);
+  }
+  return p.dim <= 64 ? run_forward_hopper<T, HopperShape<64, 8, 3>>(p, pol, ep, ran)
+                     : run_forward_hopper<T, HopperShape<128, 5, 3>>(p, pol, ep, ran);
 }
 
 template <class T, int SURF>

@@ -1,21 +1,22 @@
 // The contrastive forward on sm_90a: warp-specialised, TMA-fed, wgmma. fp16/bf16,
 // dim <= 128 (multiple of 8), queries of at most 64 rows.
 //
-// Roles. One producer warp (one elected lane) walks the CTA's steps and issues TMA tile
-// loads: the two 64-row query blocks of a step pair once per pair, and every 128-row
-// document tile into a ring of kStages slots guarded by full/empty mbarriers. Two consumer
-// warpgroups each own one 64-row query block (policy blocks 2P and 2P+1) and share every
-// document tile: per tile, wgmma m64n128k16 (m64n64k16 for a tail of at most 64 rows) from
-// the swizzled shared-memory operands into fp32 registers, release the slot, fold into the
-// running (max, argmax) with the mma.sync kernels' MmaRowMax (wgmma's accumulator layout
-// is mma.sync's m16n8 layout per 8 columns), and after a document's last tile run the
-// shared epilogue on the warpgroup's 64 rows (a named barrier instead of __syncthreads).
-// The warpgroups run decoupled, so one's fold and epilogue overlap the other's MMAs.
+// Roles. One producer warp (one elected lane) walks the CTA's steps, reads each document's
+// rows (one step ahead) and issues TMA tile loads: the consumers' 64-row query blocks once
+// per set, and every 128-row document tile into a ring of kStages slots guarded by full /
+// empty mbarriers, with a TileInfo per slot so the consumers read no indices themselves.
+// kConsumers warpgroups each own one 64-row query block (policy blocks kConsumers * set + g)
+// and share every document tile: per tile, wgmma m64n128k16 (m64n64k16 for a tail of at
+// most 64 rows) from the swizzled shared-memory operands into fp32 registers, release the
+// slot, fold into the running (max, argmax) with the mma.sync kernels' MmaRowMax (wgmma's
+// accumulator layout is mma.sync's m16n8 layout per 8 columns), and after a document's last
+// tile run the shared epilogue on the warpgroup's 64 rows (a named barrier instead of
+// __syncthreads). The warpgroups run decoupled, so one's fold and epilogue overlap the
+// others' MMAs.
 //
-// Schedule. CTA steps are (query-block pair P, document n) in GroupedOrder (pairs of
-// consecutive policy blocks share a document group), split contiguously over a persistent
-// grid like the mma.sync kernel. The query buffer is single: the producer reloads it only
-// after both warpgroups released the previous pair (qempty), once per group of documents.
+// Schedule. Steps are (set, document) in set-major order, split contiguously over a
+// persistent grid like the mma.sync kernel. The query buffer is single: the producer
+// reloads it only after every warpgroup released the previous set (qempty).
 //
 // Where a tile runs past its document (the next document's rows, or zero rows past the
 // tensor), the fold masks those columns. Query rows past a segment's length are scored and
@@ -47,13 +48,13 @@ __device__ __forceinline__ V uniform(V v) {
   return __shfl_sync(0xffffffffu, v, 0);
 }
 
-template <int KD_, int STAGES_>
+template <int KD_, int STAGES_, int CONSUMERS_>
 struct HopperShape {
   static constexpr int KD = KD_, KB = KD / 64;  // 64-column (128-byte) swizzle blocks
   static constexpr int BM = 64;                 // query rows per consumer warpgroup
   static constexpr int BN = 128;                // document rows per tile
   static constexpr int NT = BN / 8;
-  static constexpr int kConsumers = 2, kStages = STAGES_;
+  static constexpr int kConsumers = CONSUMERS_, kStages = STAGES_;
   static constexpr int kThreads = kConsumers * 128 + 32;
   static constexpr int kProducerWarp = kConsumers * 4;
   static constexpr uint32_t kRowBytes = 128;
@@ -62,10 +63,21 @@ struct HopperShape {
   static_assert(KD % 64 == 0 && KB >= 1 && KB <= 2, "KD");
 };
 
+// What the producer read about the tile in a ring slot: its document (the consumers need no
+// index reads of their own) and its place in it. A document with no rows (or bad offsets)
+// still gets one slot, with no data, so that its step reaches the epilogue.
+struct TileInfo {
+  int64_t doc, len;  // len: the document's rows (0 when bad)
+  int32_t tile;      // index within the document
+  int32_t flags;     // kTileOk: offsets valid; kTileLast: the document's last tile
+};
+constexpr int32_t kTileOk = 1, kTileLast = 2;
+
 template <class Shape>
 struct HopperSmem {
   alignas(1024) unsigned char query[Shape::kConsumers][Shape::kQueryBlockBytes];
   alignas(1024) unsigned char tile[Shape::kStages][Shape::kTileBytes];
+  TileInfo info[Shape::kStages];
   uint64_t full[Shape::kStages], empty[Shape::kStages], qfull, qempty;
   EpilogueSmem<float, Shape::BM, 1> epi[Shape::kConsumers];
   // + 1024: the swizzle atoms need a 1024-byte aligned base; the dynamic window promises 16.
@@ -80,135 +92,165 @@ struct WarpgroupSync {
 template <class Policy>
 struct HopperParams {
   Policy pol;          // built for 64-row blocks
-  GroupedOrder order;  // over block pairs
+  int64_t sets;        // sets of kConsumers consecutive blocks; steps are (set, document), set-major
   EpilogueArgs ep;
 };
 
-// Document n's rows and tile count; producer and consumers must agree on both.
-template <class Policy, int BN>
-__device__ __forceinline__ int64_t doc_tiles(const Policy& pol, int64_t n, int64_t& row0, int64_t& len) {
-  row0 = len = 0;
-  if (!pol.docs.rows(n, row0, len)) return 0;
-  return (len + BN - 1) / BN;
-}
+// (set, document) of consecutive steps in set-major order, without a divide per step.
+struct SetMajorWalk {
+  int64_t set, n, Nb;
+  __device__ __forceinline__ SetMajorWalk(int64_t s, int64_t Nb_) : set(div_nonneg(s, Nb_)), n(0), Nb(Nb_) {
+    n = s - set * Nb;
+  }
+  __device__ __forceinline__ void next() {
+    if (++n == Nb) {
+      n = 0;
+      ++set;
+    }
+  }
+};
 
+// The producer: one lane. Document rows for step s + 1 are read while step s's tiles are
+// issued, so their latency stays off the ring.
 template <class Shape, class Policy>
 __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const HopperParams<Policy>& hp, StepRange range,
                                                const CUtensorMap* qmap, const CUtensorMap* dmap) {
-  constexpr int S = Shape::kStages, BN = Shape::BN, KB = Shape::KB;
+  constexpr int S = Shape::kStages, BN = Shape::BN, KB = Shape::KB, C = Shape::kConsumers;
   const Policy& pol = hp.pol;
   int it = 0;
-  int64_t cur_pair = -1;
+  int64_t cur_set = -1;
   uint32_t qround = 0;
+  SetMajorWalk walk(range.begin, pol.Nb);
+  int64_t row0 = 0, len = 0;
+  bool ok = pol.docs.rows(walk.n, row0, len);
   for (int64_t s = range.begin; s < range.end; ++s) {
-    int64_t pair, n;
-    hp.order.map(s, pair, n);
-    if (pair != cur_pair) {
-      if (cur_pair >= 0) mbar_wait(smem_addr(&sm.qempty), (qround++) & 1);
-      const bool second = 2 * pair + 1 < pol.order.nq_blocks;
-      mbar_arrive_expect_tx(smem_addr(&sm.qfull), (second ? 2u : 1u) * Shape::kQueryBlockBytes);
-#pragma unroll
-      for (int g = 0; g < Shape::kConsumers; ++g) {
-        if (g == 1 && !second) break;
-        const int row = static_cast<int>((2 * pair + g) * pol.G * pol.Lq);
+    const int64_t cur_n = walk.n, cur_row0 = row0, cur_len = ok ? len : 0;
+    const bool cur_ok = ok;
+    const int64_t this_set = walk.set;
+    walk.next();
+    if (s + 1 < range.end) {  // next step's index reads, consumed one iteration later
+      row0 = len = 0;
+      ok = pol.docs.rows(walk.n, row0, len);
+    }
+    if (this_set != cur_set) {
+      if (cur_set >= 0) mbar_wait(smem_addr(&sm.qempty), (qround++) & 1);
+      const int64_t first = this_set * C;
+      const int64_t blocks = pol.order.nq_blocks - first < C ? pol.order.nq_blocks - first : C;
+      mbar_arrive_expect_tx(smem_addr(&sm.qfull), uint32_t(blocks) * Shape::kQueryBlockBytes);
+      for (int g = 0; g < blocks; ++g) {
+        const int row = static_cast<int>((first + g) * pol.G * pol.Lq);
 #pragma unroll
         for (int kb = 0; kb < KB; ++kb) {
           tma_load_2d(smem_addr(sm.query[g]) + kb * Shape::BM * Shape::kRowBytes, qmap, smem_addr(&sm.qfull),
                       kb * 64, row);
         }
       }
-      cur_pair = pair;
+      cur_set = this_set;
     }
-    int64_t row0, len;
-    const int64_t ntiles = doc_tiles<Policy, BN>(pol, n, row0, len);
+    const int64_t ntiles = cur_len > 0 ? (cur_len + BN - 1) / BN : 1;
     for (int64_t t = 0; t < ntiles; ++t, ++it) {
       const int stage = it % S;
       mbar_wait(smem_addr(&sm.empty[stage]), ((it / S) & 1) ^ 1);
-      mbar_arrive_expect_tx(smem_addr(&sm.full[stage]), Shape::kTileBytes);
+      sm.info[stage] = TileInfo{cur_n, cur_len, static_cast<int32_t>(t),
+                                (cur_ok ? kTileOk : 0) | (t + 1 == ntiles ? kTileLast : 0)};
+      const bool data = cur_len > 0;
+      mbar_arrive_expect_tx(smem_addr(&sm.full[stage]), data ? Shape::kTileBytes : 0u);
+      if (data) {
 #pragma unroll
-      for (int kb = 0; kb < KB; ++kb) {
-        tma_load_2d(smem_addr(sm.tile[stage]) + kb * BN * Shape::kRowBytes, dmap, smem_addr(&sm.full[stage]),
-                    kb * 64, static_cast<int>(row0 + t * BN));
+        for (int kb = 0; kb < KB; ++kb) {
+          tma_load_2d(smem_addr(sm.tile[stage]) + kb * BN * Shape::kRowBytes, dmap, smem_addr(&sm.full[stage]),
+                      kb * 64, static_cast<int>(cur_row0 + t * BN));
+        }
       }
     }
   }
 }
 
 // This warpgroup's MMAs for one tile: S[64 x N] = Q block * tile^T over KD columns, N = 128,
-// or 64 when at most 64 document rows are left (the fold masks the rest either way).
-template <class T, class Shape>
-__device__ __forceinline__ void hopper_mma(float (&acc)[Shape::NT][4], uint32_t qbase, uint32_t tbase, bool narrow) {
+// or 64 (NARROW) when at most 64 document rows are left. Descriptors of the k16 steps are the
+// base descriptors plus constant offsets (the address field is addr / 16 and the operands lie
+// below 256 KB, so the add never carries out of it).
+template <class T, class Shape, bool NARROW>
+__device__ __forceinline__ void hopper_mma(float (&acc)[Shape::NT][4], uint64_t qdesc, uint64_t tdesc) {
   fence_registers(acc);
   wgmma_fence();
-  if (narrow) {
 #pragma unroll
-    for (int kb = 0; kb < Shape::KB; ++kb)
+  for (int kb = 0; kb < Shape::KB; ++kb)
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        WgmmaM64<T, 64>::run(acc, sw128_desc(qbase + kb * Shape::BM * Shape::kRowBytes + kk * 32),
-                             sw128_desc(tbase + kb * Shape::BN * Shape::kRowBytes + kk * 32), (kb | kk) != 0);
-      }
-    wgmma_commit();
-    wgmma_wait<0>();
-  } else {
-#pragma unroll
-    for (int kb = 0; kb < Shape::KB; ++kb)
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        WgmmaM64<T, 128>::run(acc, sw128_desc(qbase + kb * Shape::BM * Shape::kRowBytes + kk * 32),
-                              sw128_desc(tbase + kb * Shape::BN * Shape::kRowBytes + kk * 32), (kb | kk) != 0);
-      }
-    wgmma_commit();
-    wgmma_wait<0>();
-  }
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint64_t a = qdesc + ((kb * Shape::BM * Shape::kRowBytes + kk * 32) >> 4);
+      const uint64_t b = tdesc + ((kb * Shape::BN * Shape::kRowBytes + kk * 32) >> 4);
+      WgmmaM64<T, NARROW ? 64 : 128>::run(acc, a, b, (kb | kk) != 0);
+    }
+  wgmma_commit();
+  wgmma_wait<0>();
   fence_registers(acc);
 }
 
 template <class T, class Shape, class Policy>
 __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const HopperParams<Policy>& hp,
                                                StepRange range) {
-  constexpr int S = Shape::kStages, BN = Shape::BN;
+  constexpr int S = Shape::kStages, BN = Shape::BN, C = Shape::kConsumers;
   const Policy& pol = hp.pol;
   // Warp-uniform values go through a shuffle: ptxas then knows every branch around the
   // MMAs is uniform over the warpgroup (else it serialises them, warning C7520).
   const int g = uniform(threadIdx.x / 128), tid = threadIdx.x % 128, warp = tid / 32, lane = threadIdx.x % 32;
   auto& epi = sm.epi[g];
+  const WarpgroupSync sync{1 + g};
   const uint32_t qbase = smem_addr(sm.query[g]);
   MmaRowMax<1, Shape::NT, BN, 1, BN> row_max;
   float acc[1][Shape::NT][4];
   zero_acc(acc);
   float carry = 0.f;
   int it = 0;
-  int64_t cur_pair = -1;
+  int64_t cur_set = -1, qb = 0;
   uint32_t qround = 0;
-  for (int64_t s = range.begin; s < range.end; ++s) {
-    int64_t pair, n;
-    hp.order.map(s, pair, n);
-    if (pair != cur_pair) {
-      if (cur_pair >= 0) mbar_arrive(smem_addr(&sm.qempty));  // every MMA on the old block has drained
+  bool active = false;
+  const uint64_t qdesc = sw128_desc(qbase);
+  SetMajorWalk walk(range.begin, pol.Nb);
+  for (int64_t s = range.begin; s < range.end; ++s, walk.next()) {
+    const int64_t set = walk.set, n = walk.n;
+    if (set != cur_set) {
+      if (cur_set >= 0) mbar_arrive(smem_addr(&sm.qempty));  // every MMA on the old blocks has drained
+      cur_set = set;
+      qb = set * C + g;
+      active = qb < pol.order.nq_blocks;  // uniform over the warpgroup
+      if (active) {  // the block's query lengths, read once per block
+        const int nseg = static_cast<int>(pol.Nq - qb * pol.G < pol.G ? pol.Nq - qb * pol.G : pol.G);
+        sync();  // the last epilogue has finished reading seg_qlen
+        for (int k = tid; k < nseg; k += 128) epi.seg_qlen[k] = pol.qlen_of(qb * pol.G + k);
+        sync();
+      }
       mbar_wait(smem_addr(&sm.qfull), (qround++) & 1);
-      cur_pair = pair;
     }
-    const int64_t qb = 2 * pair + g;
-    const bool active = qb < pol.order.nq_blocks;  // uniform over the warpgroup
-    int64_t row0, len;
-    const int64_t ntiles = uniform(doc_tiles<Policy, BN>(pol, n, row0, len));
-    len = uniform(len);
     row_max.reset();
-    for (int64_t t = 0; t < ntiles; ++t, ++it) {
+    TileInfo info;
+    do {
       const int stage = it % S;
       mbar_wait(smem_addr(&sm.full[stage]), (it / S) & 1);
-      const int64_t left64 = len - t * BN;
+      info = sm.info[stage];
+      info.len = uniform(info.len);
+      info.tile = uniform(info.tile);
+      info.flags = uniform(info.flags);
+      const int64_t left64 = info.len - int64_t(info.tile) * BN;
       const int left = static_cast<int>(left64 < BN ? left64 : BN);
-      if (active) hopper_mma<T, Shape>(acc[0], qbase, smem_addr(sm.tile[stage]), left <= 64);
-      mbar_arrive(smem_addr(&sm.empty[stage]));  // the MMAs have read the slot
-      if (active) row_max.fold(acc, lane, 0, left, static_cast<int>(t * BN), hp.ep.with_argmax);
-    }
+      const bool work = active && left > 0;
+      const uint64_t tdesc = sw128_desc(smem_addr(sm.tile[stage]));
+      if (work && left <= 64) {
+        hopper_mma<T, Shape, true>(acc[0], qdesc, tdesc);
+        mbar_arrive(smem_addr(&sm.empty[stage]));  // the MMAs have read the slot
+        row_max.template fold<Shape::NT / 2>(acc, lane, 0, left, info.tile * BN, hp.ep.with_argmax);
+      } else if (work) {
+        hopper_mma<T, Shape, false>(acc[0], qdesc, tdesc);
+        mbar_arrive(smem_addr(&sm.empty[stage]));
+        row_max.fold(acc, lane, 0, left, info.tile * BN, hp.ep.with_argmax);
+      } else {
+        mbar_arrive(smem_addr(&sm.empty[stage]));
+      }
+      ++it;
+    } while (!(info.flags & kTileLast));
     if (active) {
-      const StepDesc d = pol.step_at(qb, n);
-      const WarpgroupSync sync{1 + g};
-      sync();  // the previous epilogue has finished reading seg_qlen
-      for (int k = tid; k < d.nseg && d.nseg > 1; k += 128) epi.seg_qlen[k] = pol.seg_qlen(d, k);
+      const StepDesc d = pol.step_at(qb, n, (info.flags & kTileOk) != 0, 0, info.len, epi.seg_qlen[0]);
       row_max.reduce(epi.red_m, epi.red_i, lane, warp, 0);
       finish_chunk<float, Shape::BM, 1, 128>(epi, d, 0, 1, carry, hp.ep, tid, sync);
     }
@@ -223,7 +265,7 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t pad = ((smem_addr(smem_raw) + 1023u) & ~1023u) - smem_addr(smem_raw);
   auto& sm = *reinterpret_cast<HopperSmem<Shape>*>(smem_raw + pad);
-  const StepRange range = cta_steps(hp.order.nq_blocks * hp.pol.Nb, gridDim.x, blockIdx.x);
+  const StepRange range = cta_steps(hp.sets * hp.pol.Nb, gridDim.x, blockIdx.x);
   if (range.begin >= range.end) return;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Shape::kStages; ++s) {
@@ -307,12 +349,13 @@ cudaError_t run_forward_hopper(const ForwardParams& p, const Policy& pol, const 
   }
   HopperParams<Policy> hp;
   hp.pol = pol;
-  hp.order.nq_blocks = (pol.order.nq_blocks + 1) / 2;
-  hp.order.num_docs = pol.Nb;
-  hp.order.group = pol.order.group;
+  // Set-major steps: a CTA keeps its query set across a contiguous run of documents, and
+  // the CTAs on different sets stream the same documents at about the same time (L2 reuse
+  // when the documents do not fit in L2).
+  hp.sets = (pol.order.nq_blocks + Shape::kConsumers - 1) / Shape::kConsumers;
   hp.ep = ep;
   ran = true;
-  const int64_t steps = hp.order.nq_blocks * pol.Nb;
+  const int64_t steps = hp.sets * pol.Nb;
   if (steps <= 0) return cudaSuccess;
   auto kern = maxsim_forward_hopper_kernel<T, Shape, Policy>;
   constexpr size_t smem = HopperSmem<Shape>::bytes();

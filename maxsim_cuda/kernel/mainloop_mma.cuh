@@ -37,30 +37,33 @@ struct MmaRowMax {
   // Fold one [rows x BN] accumulator tile in; columns >= cols_valid are masked. Full tiles
   // (all but a segment's last) take the unmasked path: no per-element select. Without
   // with_index (no argmax requested) only the max is kept: about a third of the work.
+  // NTU < NT folds only the first NTU 8-column blocks (a narrow tile: cols_valid <= NTU * 8).
+  template <int NTU = NT>
   __device__ __forceinline__ void fold(const float (&acc)[MT][NT][4], int lane, int wn, int cols_valid,
                                        int col_base, bool with_index) {
     if (with_index) {
-      if (cols_valid >= BN) {
-        fold_masked<false, true>(acc, lane, wn, cols_valid, col_base);
+      if (cols_valid >= NTU * 8) {
+        fold_masked<false, true, NTU>(acc, lane, wn, cols_valid, col_base);
       } else {
-        fold_masked<true, true>(acc, lane, wn, cols_valid, col_base);
+        fold_masked<true, true, NTU>(acc, lane, wn, cols_valid, col_base);
       }
     } else {
-      if (cols_valid >= BN) {
-        fold_masked<false, false>(acc, lane, wn, cols_valid, col_base);
+      if (cols_valid >= NTU * 8) {
+        fold_masked<false, false, NTU>(acc, lane, wn, cols_valid, col_base);
       } else {
-        fold_masked<true, false>(acc, lane, wn, cols_valid, col_base);
+        fold_masked<true, false, NTU>(acc, lane, wn, cols_valid, col_base);
       }
     }
   }
 
-  template <bool MASK, bool INDEX>
+  template <bool MASK, bool INDEX, int NTU = NT>
   __device__ __forceinline__ void fold_masked(const float (&acc)[MT][NT][4], int lane, int wn, int cols_valid,
                                               int col_base) {
+    static_assert(NTU <= NT && (NTU & (NTU - 1)) == 0, "NTU");
     const int t4 = lane % 4;
-    int col[NT * 2];
+    int col[NTU * 2];
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+    for (int nt = 0; nt < NTU; ++nt)
 #pragma unroll
       for (int e = 0; e < 2; ++e) col[nt * 2 + e] = nt * 8 + e;
     const int cbase = col_base + wn * NTW + 2 * t4;  // this thread's first column
@@ -69,15 +72,15 @@ struct MmaRowMax {
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float v[NT * 2];
+        float v[NTU * 2];
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
+        for (int nt = 0; nt < NTU; ++nt)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const float x = acc[mt][nt][2 * h + e];
             v[nt * 2 + e] = (!MASK || col[nt * 2 + e] < lim) ? x : neg_inf<float>();
           }
-        fold_tile<NT * 2, INDEX>(m[mt * 2 + h], idx[mt * 2 + h], v, col, cbase);
+        fold_tile<NTU * 2, INDEX>(m[mt * 2 + h], idx[mt * 2 + h], v, col, cbase);
       }
   }
 

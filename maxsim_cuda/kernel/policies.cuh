@@ -162,8 +162,15 @@ struct ContrastiveGrid {
     order.map(s, qb, n);
     return step_at(qb, n);
   }
-  // Query block qb against document n (the warp-specialised kernel walks its own order).
   __device__ __forceinline__ StepDesc step_at(int64_t qb, int64_t n) const {
+    int64_t o0 = 0, len = 0;
+    const bool ok = docs.rows(n, o0, len);
+    return step_at(qb, n, ok, o0, len, qlen_of(qb * G));
+  }
+  // The same from index values read elsewhere (the warp-specialised kernel's producer reads
+  // the document rows; its consumers keep the first query's length per block).
+  __device__ __forceinline__ StepDesc step_at(int64_t qb, int64_t n, bool ok, int64_t o0, int64_t len,
+                                              int64_t qlen0) const {
     StepDesc d;
     const int64_t q0 = qb * G;
     const int64_t rem = Nq - q0;
@@ -171,9 +178,7 @@ struct ContrastiveGrid {
     d.qkey = qb;
     d.q_row0 = q0 * Lq;
     d.seg_stride = Lq > 0 ? Lq : 1;
-    d.qlen0 = qlen_of(q0);
-    int64_t o0 = 0, len = 0;
-    const bool ok = docs.rows(n, o0, len);
+    d.qlen0 = qlen0;
     d.doc_row0 = ok ? o0 : 0;
     d.dlen = ok ? len : 0;
     d.out0 = q0 * Nb + n;

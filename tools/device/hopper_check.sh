@@ -12,7 +12,11 @@ python3 tools/build.py --backend cuda > "$OUT/build.log" 2>&1 || { tail -n 40 "$
 grep -h "C75[0-9][0-9]" "$OUT/build.log" | sed 's/in the function.*//' | sort | uniq -c | head
 MAXSIM_TEST_NO_BUILD=1 timeout ${TEST_LIMIT:-300} python3 -m pytest -q -x -p no:cacheprovider \
   ${TESTS:-tests/test_hopper.py} 2>&1 | tail -n 25
+# VARIANTS: name=ENV=VALUE pairs run side by side (default: the Hopper kernel and mma.sync)
 for mode in ${PROBE:-kernels split}; do
-  echo "== hopper: $mode"; timeout 180 python3 tools/device/overhead.py $mode 2>&1 | tee -a "$OUT/probe_hopper.log"
-  echo "== mma.sync: $mode"; MAXSIM_CUDA_FORCE_MMA_SYNC=1 timeout 180 python3 tools/device/overhead.py $mode 2>&1 | tee -a "$OUT/probe_mma.log"
+  for v in ${VARIANTS:-hopper mma.sync=MAXSIM_CUDA_FORCE_MMA_SYNC=1}; do
+    name=${v%%=*}; envs=""; [[ $v == *=* ]] && envs=${v#*=}
+    echo "== $name: $mode"
+    env $envs timeout 180 python3 tools/device/overhead.py $mode 2>&1 | tee -a "$OUT/probe_$name.log"
+  done
 done
