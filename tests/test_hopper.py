@@ -5,10 +5,11 @@ Runs only on a compute capability 9.0 GPU with a CUDA build (elsewhere the mma.s
 are the only path, and the rest of the suite covers them). MAXSIM_CUDA_FORCE_MMA_SYNC=1 is
 read on every call, so each case runs both paths in one process. The shapes aim at the
 kernel's edges: tiles that end exactly at, just before and just past 64 and 128 document
-rows (the narrow-MMA tail and the masked fold), empty documents, an odd number of 64-row
-query blocks (the second warpgroup idle), query blocks of several queries whose rows do not
-fill 64, Lq = 64 and 65 (the last length it takes, the first it leaves), dims 8..128 not
-multiples of 64 (zero-filled columns), both document layouts, and the argmax.
+rows (the narrow-MMA tail and the masked fold), empty documents, query-block counts that leave
+warpgroups idle in the last set, query blocks of several queries whose rows do not fill 64,
+Lq = 64 (one query a block) and longer queries (64-row chunks summed in order, the last
+chunk partly past the query), dims 8..128 not multiples of 64 (zero-filled columns), both
+document layouts, and the argmax.
 """
 import pytest
 import torch
@@ -46,6 +47,9 @@ SHAPES = [
     (2, 1, [40, 400, 64], 64),              # KD = 64 shape
     (9, 33, [70, 3, 128, 255], 40),         # one query per block, zero-filled columns
     (4, 32, [130, 66], 8),
+    (3, 65, [129, 64, 0, 200], 128),        # two chunks, the second of one row
+    (4, 200, [300, 1, 128], 64),
+    (2, 1024, [1024, 1000, 77], 128),       # DocDoc-like: 16 chunks
 ]
 
 

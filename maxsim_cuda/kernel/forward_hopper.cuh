@@ -1,5 +1,5 @@
 // The contrastive forward on sm_90a: warp-specialised, TMA-fed, wgmma. fp16/bf16,
-// dim <= 128 (multiple of 8), queries of at most 64 rows.
+// dim <= 128 (multiple of 8); queries longer than 64 rows run as 64-row chunks.
 //
 // Roles. One producer warp (one elected lane) walks the CTA's steps, reads each document's
 // rows (one step ahead) and issues TMA tile loads: the consumers' 64-row query blocks once
@@ -89,12 +89,65 @@ struct WarpgroupSync {
   __device__ __forceinline__ void operator()() const { named_barrier(id, 128); }
 };
 
+// 64-row query blocks. Lq <= 64: the policy's blocks of G stacked queries (nchunks = 1).
+// Lq > 64: block b is chunk b % nchunks of query b / nchunks (G = 1); each chunk's row
+// maxima sum into partial[(q * nchunks + c) * Nb + n] and sum_query_chunks adds a query's
+// chunks in order.
 template <class Policy>
 struct HopperParams {
   Policy pol;          // built for 64-row blocks
+  int64_t blocks;      // 64-row query blocks
+  int64_t nchunks;     // blocks per query (1: the policy's stacked blocks)
   int64_t sets;        // sets of kConsumers consecutive blocks; steps are (set, document), set-major
+  float* partial;      // nchunks > 1: [Nq * nchunks, Nb] chunk sums
   EpilogueArgs ep;
 };
+
+// First query row of block b.
+template <class Policy>
+__device__ __forceinline__ int64_t block_row0(const HopperParams<Policy>& hp, int64_t b) {
+  if (hp.nchunks == 1) return b * hp.pol.G * hp.pol.Lq;
+  const int64_t q = div_nonneg(b, hp.nchunks);
+  return q * hp.pol.Lq + (b - q * hp.nchunks) * 64;
+}
+
+// Epilogue of one 64-row chunk of a long query (all 128 threads of the warpgroup): argmax
+// of its rows, and the ordered sum of its valid rows' maxima into hp.partial.
+template <class Policy>
+__device__ __forceinline__ void finish_query_chunk(EpilogueSmem<float, 64, 1>& sm, const HopperParams<Policy>& hp,
+                                                   const StepDesc& d, int64_t q, int64_t c, int64_t n, int tid,
+                                                   WarpgroupSync sync) {
+  const EpilogueArgs& ea = hp.ep;
+  sync();  // red_m / red_i written
+  if (tid < 64) {
+    const int64_t i = c * 64 + tid;
+    const int idx = sm.red_i[tid];
+    if (ea.with_argmax && i < ea.width) {
+      const bool valid = i < d.qlen0 && !d.bad && d.dlen > 0;
+      ea.argmax[d.out0 * ea.width + i] = valid ? (idx == kNoIndex ? 0 : idx) : -1;
+    }
+    sm.rowmax[tid] = sm.red_m[tid];
+  }
+  sync();
+  if (tid == 0) {
+    int64_t rows = d.qlen0 - c * 64;
+    rows = rows < 0 ? 0 : (rows > 64 ? 64 : rows);
+    const float sum = ordered_sum(sm.rowmax, rows, 0.f);
+    hp.partial[(q * hp.nchunks + c) * hp.pol.Nb + n] = d.bad ? quiet_nan<float>() : sum;
+  }
+}
+
+// scores[q, n] = the sum of query q's chunk sums against document n, chunk 0 first.
+template <int = 0>
+__global__ void sum_query_chunks(const float* partial, float* scores, int64_t nq, int64_t nb, int64_t nchunks) {
+  const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= nq * nb) return;
+  const int64_t q = k / nb, n = k - q * nb;
+  const float* p = partial + q * nchunks * nb + n;
+  float acc = 0.f;
+  for (int64_t c = 0; c < nchunks; ++c) acc += p[c * nb];
+  scores[k] = acc;
+}
 
 // (set, document) of consecutive steps in set-major order, without a divide per step.
 struct SetMajorWalk {
@@ -135,10 +188,10 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
     if (this_set != cur_set) {
       if (cur_set >= 0) mbar_wait(smem_addr(&sm.qempty), (qround++) & 1);
       const int64_t first = this_set * C;
-      const int64_t blocks = pol.order.nq_blocks - first < C ? pol.order.nq_blocks - first : C;
+      const int64_t blocks = hp.blocks - first < C ? hp.blocks - first : C;
       mbar_arrive_expect_tx(smem_addr(&sm.qfull), uint32_t(blocks) * Shape::kQueryBlockBytes);
       for (int g = 0; g < blocks; ++g) {
-        const int row = static_cast<int>((first + g) * pol.G * pol.Lq);
+        const int row = static_cast<int>(block_row0(hp, first + g));
 #pragma unroll
         for (int kb = 0; kb < KB; ++kb) {
           tma_load_2d(smem_addr(sm.query[g]) + kb * Shape::BM * Shape::kRowBytes, qmap, smem_addr(&sm.qfull),
@@ -171,7 +224,8 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
 // base descriptors plus constant offsets (the address field is addr / 16 and the operands lie
 // below 256 KB, so the add never carries out of it).
 template <class T, class Shape, bool NARROW>
-__device__ __forceinline__ void hopper_mma(float (&acc)[Shape::NT][4], uint64_t qdesc, uint64_t tdesc) {
+__device__ __forceinline__ void hopper_mma(float (&acc)[NARROW ? Shape::NT / 2 : Shape::NT][4], uint64_t qdesc,
+                                           uint64_t tdesc) {
   fence_registers(acc);
   wgmma_fence();
 #pragma unroll
@@ -199,11 +253,9 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
   const WarpgroupSync sync{1 + g};
   const uint32_t qbase = smem_addr(sm.query[g]);
   MmaRowMax<1, Shape::NT, BN, 1, BN> row_max;
-  float acc[1][Shape::NT][4];
-  zero_acc(acc);
   float carry = 0.f;
   int it = 0;
-  int64_t cur_set = -1, qb = 0;
+  int64_t cur_set = -1, qb = 0, query = 0, chunk = 0;
   uint32_t qround = 0;
   bool active = false;
   const uint64_t qdesc = sw128_desc(qbase);
@@ -214,11 +266,17 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
       if (cur_set >= 0) mbar_arrive(smem_addr(&sm.qempty));  // every MMA on the old blocks has drained
       cur_set = set;
       qb = set * C + g;
-      active = qb < pol.order.nq_blocks;  // uniform over the warpgroup
+      active = qb < hp.blocks;  // uniform over the warpgroup
+      if (hp.nchunks > 1) {
+        query = div_nonneg(qb, hp.nchunks);
+        chunk = qb - query * hp.nchunks;
+      }
       if (active) {  // the block's query lengths, read once per block
-        const int nseg = static_cast<int>(pol.Nq - qb * pol.G < pol.G ? pol.Nq - qb * pol.G : pol.G);
+        const int nseg = hp.nchunks > 1 ? 1
+                                        : static_cast<int>(pol.Nq - qb * pol.G < pol.G ? pol.Nq - qb * pol.G : pol.G);
+        const int64_t q0 = hp.nchunks > 1 ? query : qb * pol.G;
         sync();  // the last epilogue has finished reading seg_qlen
-        for (int k = tid; k < nseg; k += 128) epi.seg_qlen[k] = pol.qlen_of(qb * pol.G + k);
+        for (int k = tid; k < nseg; k += 128) epi.seg_qlen[k] = pol.qlen_of(q0 + k);
         sync();
       }
       mbar_wait(smem_addr(&sm.qfull), (qround++) & 1);
@@ -236,11 +294,15 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
       const int left = static_cast<int>(left64 < BN ? left64 : BN);
       const bool work = active && left > 0;
       const uint64_t tdesc = sw128_desc(smem_addr(sm.tile[stage]));
+      // Accumulators live from the MMAs to the fold only (the first k-step overwrites them);
+      // the narrow MMA gets its own set (sharing one made ptxas serialise them, C7511).
       if (work && left <= 64) {
+        float acc[1][Shape::NT / 2][4];
         hopper_mma<T, Shape, true>(acc[0], qdesc, tdesc);
         mbar_arrive(smem_addr(&sm.empty[stage]));  // the MMAs have read the slot
-        row_max.template fold<Shape::NT / 2>(acc, lane, 0, left, info.tile * BN, hp.ep.with_argmax);
+        row_max.fold(acc, lane, 0, left, info.tile * BN, hp.ep.with_argmax);
       } else if (work) {
+        float acc[1][Shape::NT][4];
         hopper_mma<T, Shape, false>(acc[0], qdesc, tdesc);
         mbar_arrive(smem_addr(&sm.empty[stage]));
         row_max.fold(acc, lane, 0, left, info.tile * BN, hp.ep.with_argmax);
@@ -250,9 +312,15 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
       ++it;
     } while (!(info.flags & kTileLast));
     if (active) {
-      const StepDesc d = pol.step_at(qb, n, (info.flags & kTileOk) != 0, 0, info.len, epi.seg_qlen[0]);
+      const bool ok = (info.flags & kTileOk) != 0;
       row_max.reduce(epi.red_m, epi.red_i, lane, warp, 0);
-      finish_chunk<float, Shape::BM, 1, 128>(epi, d, 0, 1, carry, hp.ep, tid, sync);
+      if (hp.nchunks > 1) {
+        const StepDesc d = pol.step_at(query, n, ok, 0, info.len, epi.seg_qlen[0]);
+        finish_query_chunk(epi, hp, d, query, chunk, n, tid, sync);
+      } else {
+        const StepDesc d = pol.step_at(qb, n, ok, 0, info.len, epi.seg_qlen[0]);
+        finish_chunk<float, Shape::BM, 1, 128>(epi, d, 0, 1, carry, hp.ep, tid, sync);
+      }
     }
   }
 }
@@ -333,7 +401,7 @@ bool encode_rows_map(CUtensorMap& map, const void* base, int64_t rows, int64_t d
 // Whether the Hopper kernel takes this call (else the caller runs the mma.sync kernels).
 inline bool hopper_contrastive_applies(const ForwardParams& p) {
   constexpr int64_t kCoordLimit = (int64_t(1) << 31) - 256;  // TMA coordinates are int32
-  return p.lq >= 1 && p.lq <= 64 && p.dim >= 8 && p.dim <= 128 && p.dim % 8 == 0 && p.num_queries > 0 &&
+  return p.lq >= 1 && p.dim >= 8 && p.dim <= 128 && p.dim % 8 == 0 && p.num_queries > 0 &&
          p.num_docs > 0 && p.q_rows > 0 && p.d_rows > 0 && p.q_rows < kCoordLimit && p.d_rows < kCoordLimit &&
          reinterpret_cast<uintptr_t>(p.queries) % 16 == 0 && reinterpret_cast<uintptr_t>(p.documents) % 16 == 0 &&
          !force_mma_sync() && wgmma_compiled_for_current_device();
@@ -349,14 +417,19 @@ cudaError_t run_forward_hopper(const ForwardParams& p, const Policy& pol, const 
   }
   HopperParams<Policy> hp;
   hp.pol = pol;
+  hp.nchunks = p.lq > Shape::BM ? (p.lq + Shape::BM - 1) / Shape::BM : 1;
+  hp.blocks = hp.nchunks > 1 ? pol.Nq * hp.nchunks : pol.order.nq_blocks;
   // Set-major steps: a CTA keeps its query set across a contiguous run of documents, and
   // the CTAs on different sets stream the same documents at about the same time (L2 reuse
   // when the documents do not fit in L2).
-  hp.sets = (pol.order.nq_blocks + Shape::kConsumers - 1) / Shape::kConsumers;
+  hp.sets = (hp.blocks + Shape::kConsumers - 1) / Shape::kConsumers;
+  hp.partial = nullptr;
   hp.ep = ep;
-  ran = true;
   const int64_t steps = hp.sets * pol.Nb;
-  if (steps <= 0) return cudaSuccess;
+  if (steps <= 0) {
+    ran = true;
+    return cudaSuccess;
+  }
   auto kern = maxsim_forward_hopper_kernel<T, Shape, Policy>;
   constexpr size_t smem = HopperSmem<Shape>::bytes();
   static bool configured[64] = {false};
@@ -368,9 +441,27 @@ cudaError_t run_forward_hopper(const ForwardParams& p, const Policy& pol, const 
     if (err != cudaSuccess) return err;
     configured[dev & 63] = true;
   }
+  // Long queries: chunk sums in stream-ordered scratch (capturable in a CUDA graph).
+  const size_t partial_bytes = hp.nchunks > 1 ? size_t(hp.blocks) * size_t(pol.Nb) * sizeof(float) : 0;
+  if (partial_bytes > 0) {
+    err = cudaMallocAsync(reinterpret_cast<void**>(&hp.partial), partial_bytes, p.stream);
+    if (err != cudaSuccess) return err;
+  }
+  ran = true;
   const int64_t ctas = plan_ctas(steps, p.num_sms, 1);
   kern<<<static_cast<unsigned>(ctas), Shape::kThreads, smem, p.stream>>>(hp, qmap, dmap);
-  return cudaGetLastError();
+  err = cudaGetLastError();
+  if (partial_bytes > 0) {
+    if (err == cudaSuccess) {
+      const int64_t pairs = pol.Nq * pol.Nb;
+      sum_query_chunks<><<<static_cast<unsigned>((pairs + 255) / 256), 256, 0, p.stream>>>(
+          hp.partial, static_cast<float*>(ep.scores), pol.Nq, pol.Nb, hp.nchunks);
+      err = cudaGetLastError();
+    }
+    const cudaError_t ferr = cudaFreeAsync(hp.partial, p.stream);
+    if (err == cudaSuccess) err = ferr;
+  }
+  return err;
 }
 
 }  // namespace kernel

@@ -37,9 +37,9 @@ struct MmaRowMax {
   // Fold one [rows x BN] accumulator tile in; columns >= cols_valid are masked. Full tiles
   // (all but a segment's last) take the unmasked path: no per-element select. Without
   // with_index (no argmax requested) only the max is kept: about a third of the work.
-  // NTU < NT folds only the first NTU 8-column blocks (a narrow tile: cols_valid <= NTU * 8).
+  // A narrower accumulator (NTU < NT 8-column blocks, cols_valid <= NTU * 8) folds the same way.
   template <int NTU = NT>
-  __device__ __forceinline__ void fold(const float (&acc)[MT][NT][4], int lane, int wn, int cols_valid,
+  __device__ __forceinline__ void fold(const float (&acc)[MT][NTU][4], int lane, int wn, int cols_valid,
                                        int col_base, bool with_index) {
     if (with_index) {
       if (cols_valid >= NTU * 8) {
@@ -57,7 +57,7 @@ struct MmaRowMax {
   }
 
   template <bool MASK, bool INDEX, int NTU = NT>
-  __device__ __forceinline__ void fold_masked(const float (&acc)[MT][NT][4], int lane, int wn, int cols_valid,
+  __device__ __forceinline__ void fold_masked(const float (&acc)[MT][NTU][4], int lane, int wn, int cols_valid,
                                               int col_base) {
     static_assert(NTU <= NT && (NTU & (NTU - 1)) == 0, "NTU");
     const int t4 = lane % 4;
