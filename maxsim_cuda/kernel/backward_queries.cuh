@@ -1,6 +1,7 @@
 // grad_queries: row (query, i) is owned by one warp, which adds g_p * d[argmax_p, i] over
-// the query's pairs in increasing pair order (padded c = 0..C-1, contrastive n = 0..Nb-1,
-// packed through pairs_by_query / query_pair_offsets). Torch-free.
+// the query's pairs (padded c = 0..C-1, contrastive n = 0..Nb-1, packed through
+// pairs_by_query / query_pair_offsets): kQSlots interleaved running sums in pair order,
+// added in a fixed tree at the end. Torch-free.
 #pragma once
 
 #include <cstdint>
@@ -61,24 +62,44 @@ struct QuerySide {
 };
 
 constexpr int kQWarps = 4;  // warps (query rows) per CTA
-constexpr int kQUnroll = 8;  // document rows gathered before their adds (16 measured slower: BigColBERT 1.07 -> 1.38 ms)
+// A warp gathers kQSlots pairs at a time, kQLanes lanes each: lane (slot j, column group c)
+// reads kQCols adjacent elements of its pair's document row, 16 bytes per load, so one
+// load instruction moves 512 bytes for the warp. Slot j walks pairs j, j + kQSlots, ...;
+// the slots' partial sums are added at the end in a fixed tree (deterministic). ncu, the
+// one-pair-per-warp loop it replaces (8-byte loads, 8 rows in flight): long-scoreboard
+// stalls 69%, L2 throughput 12% (BigColBERT).
+constexpr int kQSlots = 4, kQLanes = 8, kQCols = 16;
+constexpr int kQPass = kQLanes * kQCols;  // columns per pass over the pairs
+// Pairs per slot gathered before their adds: 4 for 16-bit types, fewer for wider ones
+// (the same 32 registers of row data in flight).
+template <class T>
+constexpr int q_group() {
+  return sizeof(T) <= 2 ? 4 : (sizeof(T) == 4 ? 2 : 1);
+}
 
-// Columns [e, e + 8 / sizeof(T)) of one row as Acc: one 8-byte load when the whole vector
-// is in range and aligned, else element by element (zeros past dim).
-template <class T, class Acc>
-struct RowVec {
-  static constexpr int N = 8 / sizeof(T);
-  Acc x[N];
+// kQCols elements of one row from `row + e` as raw 16-byte vectors (zeros past dim; element
+// by element when the row is not 16-byte aligned).
+template <class T>
+struct RowSlice {
+  static constexpr int kVecs = kQCols * sizeof(T) / 16;
+  uint4 v[kVecs];
   __device__ __forceinline__ void load(const T* row, int64_t e, int64_t dim, bool vec_ok) {
-    if (vec_ok && e + N <= dim) {
-      const uint2 raw = __ldg(reinterpret_cast<const uint2*>(row + e));
-      const T* el = reinterpret_cast<const T*>(&raw);
+    if (vec_ok && e + kQCols <= dim) {
 #pragma unroll
-      for (int k = 0; k < N; ++k) x[k] = to_acc<Acc>(el[k]);
+      for (int k = 0; k < kVecs; ++k) v[k] = __ldg(reinterpret_cast<const uint4*>(row + e) + k);
     } else {
+      T* el = reinterpret_cast<T*>(v);
 #pragma unroll
-      for (int k = 0; k < N; ++k) x[k] = e + k < dim ? to_acc<Acc>(row[e + k]) : Acc(0);
+      for (int k = 0; k < kQCols; ++k) el[k] = e + k < dim ? row[e + k] : T{};
     }
+  }
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) v[k] = make_uint4(0u, 0u, 0u, 0u);
+  }
+  template <class Acc>
+  __device__ __forceinline__ Acc at(int k) const {
+    return to_acc<Acc>(reinterpret_cast<const T*>(v)[k]);
   }
 };
 
@@ -117,48 +138,60 @@ __global__ void __launch_bounds__(kQWarps * 32, 4) grad_queries_kernel(const Bwd
   const bool live = i < qlen;
   const QuerySide<SURF, T, Acc> src{a, qq, i, k0};
   T* out = a.grad_q + out_row * a.dim;
-  using V = RowVec<T, Acc>;
-  constexpr int kPass = 32 * V::N;  // columns per pass: lane l holds [e0 + l * N, + N)
-  // 8-byte vectors need every row start 8-byte aligned
-  const bool vec_ok = (a.dim * int64_t(sizeof(T))) % 8 == 0 && (reinterpret_cast<uintptr_t>(a.d) & 7) == 0;
-  for (int64_t e0 = 0; e0 < a.dim; e0 += kPass) {
-    Acc acc[V::N];
+  const int slot = lane / kQLanes, cgroup = lane % kQLanes;
+  // 16-byte vectors need every row start 16-byte aligned
+  const bool vec_ok = (a.dim * int64_t(sizeof(T))) % 16 == 0 && (reinterpret_cast<uintptr_t>(a.d) & 15) == 0;
+  for (int64_t e0 = 0; e0 < a.dim; e0 += kQPass) {
+    const int64_t e = e0 + int64_t(cgroup) * kQCols;
+    Acc acc[kQCols];
 #pragma unroll
-    for (int k = 0; k < V::N; ++k) acc[k] = Acc(0);
-    // 32 pairs at a time: lane l reads pair base + l's index data (all in flight at once),
-    // then the warp walks the 32 in order, gathering each document row with vector loads.
+    for (int k = 0; k < kQCols; ++k) acc[k] = Acc(0);
+    // 32 pairs a batch: lane l reads pair base + l's index data one batch ahead, then the
+    // slots walk the batch, each gathering kQGroup rows before adding them.
+    Acc my_w = Acc(0);
+    int64_t my_row = -1;
+    if (live && lane < npairs) src.get(lane, my_w, my_row);
     for (int64_t base = 0; live && base < npairs; base += 32) {
-      Acc my_w = Acc(0);
-      int64_t my_row = -1;
-      if (base + lane < npairs) src.get(base + lane, my_w, my_row);
+      Acc next_w = Acc(0);
+      int64_t next_row = -1;
+      if (base + 32 + lane < npairs) src.get(base + 32 + lane, next_w, next_row);
       const int n = npairs - base < 32 ? static_cast<int>(npairs - base) : 32;
-      for (int u0 = 0; u0 < n; u0 += kQUnroll) {
-        Acc w[kQUnroll];
-        V x[kQUnroll];
+      constexpr int kQGroup = q_group<T>();
+      for (int g0 = 0; g0 < 32 / kQSlots; g0 += kQGroup) {
+        RowSlice<T> x[kQGroup];
 #pragma unroll
-        for (int u = 0; u < kQUnroll; ++u) {
-          w[u] = __shfl_sync(0xffffffffu, my_w, (u0 + u) & 31);
-          const int64_t row = __shfl_sync(0xffffffffu, my_row, (u0 + u) & 31);
-          const bool use = u0 + u < n && row >= 0;
-          w[u] = use ? w[u] : Acc(0);
-          const T* r = a.d + (use ? row : 0) * a.dim;
-          if (use) {
-            x[u].load(r, e0 + int64_t(lane) * V::N, a.dim, vec_ok);
+        for (int u = 0; u < kQGroup; ++u) {
+          const int pl = (g0 + u) * kQSlots + slot;
+          const int64_t row = __shfl_sync(0xffffffffu, my_row, pl);
+          if (pl < n && row >= 0) {
+            x[u].load(a.d + row * a.dim, e, a.dim, vec_ok);
           } else {
-#pragma unroll
-            for (int k = 0; k < V::N; ++k) x[u].x[k] = Acc(0);
+            x[u].zero();
           }
         }
 #pragma unroll
-        for (int u = 0; u < kQUnroll; ++u)
+        for (int u = 0; u < kQGroup; ++u) {
+          const int pl = (g0 + u) * kQSlots + slot;
+          Acc w = __shfl_sync(0xffffffffu, my_w, pl);
+          w = pl < n ? w : Acc(0);
 #pragma unroll
-          for (int k = 0; k < V::N; ++k) acc[k] += w[u] * x[u].x[k];
+          for (int k = 0; k < kQCols; ++k) acc[k] += w * x[u].template at<Acc>(k);
+        }
       }
+      my_w = next_w;
+      my_row = next_row;
     }
+    // (slot 0 + slot 1) + (slot 2 + slot 3): the same value on every lane.
 #pragma unroll
-    for (int k = 0; k < V::N; ++k) {
-      const int64_t e = e0 + int64_t(lane) * V::N + k;
-      if (e < a.dim) out[e] = from_acc<T, Acc>(acc[k]);
+    for (int k = 0; k < kQCols; ++k) {
+      acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], kQLanes);
+      acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], 2 * kQLanes);
+    }
+    if (slot == 0) {
+#pragma unroll
+      for (int k = 0; k < kQCols; ++k) {
+        if (e + k < a.dim) out[e + k] = from_acc<T, Acc>(acc[k]);
+      }
     }
   }
 }

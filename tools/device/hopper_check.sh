@@ -10,8 +10,10 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONUNBUFFERED=1 MAXSIM_CUDA_ARCHS=${MAXSIM_CUDA_ARCHS:-9.0a}
 python3 tools/build.py --backend cuda > "$OUT/build.log" 2>&1 || { tail -n 40 "$OUT/build.log"; exit 1; }
 grep -h "C75[0-9][0-9]" "$OUT/build.log" | sed 's/in the function.*//' | sort | uniq -c | head
+# TESTS: files; TEST_K: a -k expression (only the CUDA variant is built here, so CPU
+# parametrisations of the shared test files must be deselected, e.g. TEST_K="cuda or hopper")
 MAXSIM_TEST_NO_BUILD=1 timeout ${TEST_LIMIT:-300} python3 -m pytest -q -x -p no:cacheprovider \
-  ${TESTS:-tests/test_hopper.py} 2>&1 | tail -n 25
+  ${TESTS:-tests/test_hopper.py} ${TEST_K:+-k "$TEST_K"} 2>&1 | tail -n 25
 # VARIANTS: name=ENV=VALUE pairs run side by side (default: the Hopper kernel and mma.sync)
 for mode in ${PROBE:-kernels split}; do
   for v in ${VARIANTS:-hopper mma.sync=MAXSIM_CUDA_FORCE_MMA_SYNC=1}; do
