@@ -371,11 +371,12 @@ inline TensorMapEncodeTiled tensor_map_encoder() {
   static const TensorMapEncodeTiled fn = [] {
     void* f = nullptr;
     cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) !=
-            cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      return TensorMapEncodeTiled(nullptr);
-    }
+#if CUDART_VERSION >= 12050
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
+#else  // the unversioned query (gone in CUDA 13) on older toolkits
+    const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &q);
+#endif
+    if (err != cudaSuccess || q != cudaDriverEntryPointSuccess) return TensorMapEncodeTiled(nullptr);
     return reinterpret_cast<TensorMapEncodeTiled>(f);
   }();
   return fn;
