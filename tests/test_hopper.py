@@ -53,10 +53,15 @@ SHAPES = [
 ]
 
 
+@pytest.mark.parametrize("consumers", [None, "2", "3", "4"], ids=["auto", "c2", "c3", "c4"])
 @pytest.mark.parametrize("padded_docs", [False, True], ids=["packed_docs", "padded_docs"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"nq{s[0]}_lq{s[1]}_d{s[3]}" for s in SHAPES])
-def test_matches_reference_and_mma_sync(ms, monkeypatch, rng, shape, dtype, padded_docs):
+def test_matches_reference_and_mma_sync(ms, monkeypatch, rng, shape, dtype, padded_docs, consumers):
+    """Every consumer-warpgroup count (MAXSIM_CUDA_HOPPER_CONSUMERS; by default the kernel
+    picks one from the block count)."""
+    if consumers is not None:
+        monkeypatch.setenv("MAXSIM_CUDA_HOPPER_CONSUMERS", consumers)
     nq, lq, d_lens, dim = shape
     case = make_contrastive(rng, nq, lq, d_lens, dim, dtype=dtype, device="cuda")
     if padded_docs:

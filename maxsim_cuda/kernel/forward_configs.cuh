@@ -44,30 +44,36 @@ template <class T, int KD>
 struct ContrastiveWide { using type = MmaMainloop<T, KD, 256, 64, 8, 1, 4>; };
 
 // Explicitly instantiated per (dtype, surface) in forward_<dtype>_<surface>.cu.
-// sm_90a contrastive shapes (forward_hopper.cuh): 128-row document tiles; 5 stages at
-// dim <= 128, 8 at dim <= 64; one CTA per SM. Three consumer warpgroups keep the tensor
-// cores busier than two (H100: BigColBERT forward 1.16 vs 1.46 ms, DocDoc 1.93 vs 2.33),
-// unless the last set of three 64-row blocks would run mostly idle or there are too few
-// steps to fill the GPU (ColPaliCorpus, 4 blocks: 0.39 ms with two, 0.49 with three; the
-// 32-query training steps: 10-15% faster with two). MAXSIM_CUDA_HOPPER_CONSUMERS=2|3
-// overrides (read per call, for experiments).
+// sm_90a contrastive shapes (forward_hopper.cuh): 128-row document tiles; 4 or 5 stages at
+// dim <= 128, 8 at dim <= 64; one CTA per SM. More consumer warpgroups keep the tensor cores
+// busier (H100, graph replay, 4 / 3 / 2 warpgroups: BigColBERT forward 1.05 / 1.17 / 1.46
+// ms, DocDoc 1.84 / 1.93 / 2.30, ColBERTCorpus 1.07 / 1.34 / 1.50, the 32-query training
+// steps 12-25 / 14-34 / 18-31 us), so the most that leave at most a fifth of the last
+// sets' block slots idle (ColPaliCorpus' 4 blocks: four; 6 blocks: three).
+// MAXSIM_CUDA_HOPPER_CONSUMERS=2|3|4 overrides (read per call, for experiments).
 inline int hopper_consumers(const ForwardParams& p) {
   const char* e = std::getenv("MAXSIM_CUDA_HOPPER_CONSUMERS");
-  if (e != nullptr && (e[0] == '2' || e[0] == '3')) return e[0] - '0';
+  if (e != nullptr && (e[0] == '2' || e[0] == '3' || e[0] == '4')) return e[0] - '0';
   const int64_t chunks = p.lq > 64 ? (p.lq + 63) / 64 : 1;
   const int64_t per_block = p.lq > 64 ? 1 : 64 / p.lq;
   const int64_t blocks = p.lq > 64 ? p.num_queries * chunks : (p.num_queries + per_block - 1) / per_block;
-  const int64_t sets3 = (blocks + 2) / 3;
-  const bool idle = blocks * 5 < sets3 * 3 * 4;                  // under 80% of the last sets' blocks used
-  const bool few = sets3 * p.num_docs < 2 * int64_t(p.num_sms);  // under two steps per SM
-  return idle || few ? 2 : 3;
+  for (int c = 4; c > 2; --c) {
+    const int64_t sets = (blocks + c - 1) / c;
+    if (blocks * 5 >= sets * c * 4) return c;
+  }
+  return 2;
 }
 template <class T, int SURF>
 cudaError_t launch_contrastive_hopper(const ForwardParams& p, bool& ran) {
   using Policy = std::conditional_t<SURF == 1, ContrastivePolicy, ContrastivePaddedPolicy>;
   const Policy pol = make_contrastive<Policy>(p, 64);
   const EpilogueArgs ep = make_args<T>(p).ep;
-  if (hopper_consumers(p) == 2) {
+  const int consumers = hopper_consumers(p);
+  if (consumers == 4) {
+    return p.dim <= 64 ? run_forward_hopper<T, HopperShape<64, 8, 4>>(p, pol, ep, ran)
+                       : run_forward_hopper<T, HopperShape<128, 4, 4>>(p, pol, ep, ran);
+  }
+  if (consumers == 2) {
     return p.dim <= 64 ? run_forward_hopper<T, HopperShape<64, 8, 2>>(p, pol, ep, ran)
                        : run_forward_hopper<T, HopperShape<128, 5, 2>>(p, pol, ep, ran);
   }
