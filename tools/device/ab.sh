@@ -4,11 +4,9 @@
 # GPU time (graph replay) of the forward shapes and training pieces for both, then ncu
 # per-instruction counters of the kernels named in HOT (as in hotspots.sh). Carry .whl.
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit 1
-export PYTHONUNBUFFERED=1 MAXSIM_CUDA_ARCHS=${MAXSIM_CUDA_ARCHS:-9.0a}
-python3 tools/build.py --backend cuda > "$OUT/build.log" 2>&1 || { tail -n 40 "$OUT/build.log"; exit 1; }
+source tools/device/setup.sh
+export MAXSIM_CUDA_ARCHS=${MAXSIM_CUDA_ARCHS:-9.0a}
+build_cuda || exit 1
 (cd .base && python3 tools/build.py --backend cuda > /tmp/build_base.log 2>&1) &
 MAXSIM_TEST_NO_BUILD=1 python3 -m pytest -q -x -p no:cacheprovider ${AB_TESTS:-tests/test_forward.py tests/test_argmax.py tests/test_backward.py} -k cuda 2>&1 | tail -n 4
 wait

@@ -6,10 +6,8 @@
 # STEPS=build,test,examples,bench (the default: all) runs a part, e.g. to split the work
 # over two calls on a warm machine (build/ stays between calls).
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit 1
-export PYTHONUNBUFFERED=1 MAXSIM_CUDA_ARCHS=${MAXSIM_CUDA_ARCHS:-9.0a}
+source tools/device/setup.sh
+export MAXSIM_CUDA_ARCHS=${MAXSIM_CUDA_ARCHS:-9.0a}
 export LOCAL_KERNELS="maxsim/maxsim=$PWD" HF_HUB_OFFLINE=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 steps=${STEPS:-build,test,examples,bench}

@@ -3,13 +3,9 @@
 # benchmarks/compare.py with both peers installed, in two parts (inference rows, then
 # training rows) so a call that runs out of time still returns the first JSON. Carry .whl.
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit 1
-export PYTHONUNBUFFERED=1; unset MAXSIM_CUDA_ARCHS
-start=$(date +%s)
-python3 tools/build.py --backend cuda > "$OUT/build_all.log" 2>&1 || { tail -n 40 "$OUT/build_all.log"; exit 1; }
-echo "build.toml build: $(( $(date +%s) - start )) s; $(grep -o '"archs": \[[^]]*\]' build/*/metadata.json 2>/dev/null | head -1)"
+source tools/device/setup.sh
+unset MAXSIM_CUDA_ARCHS
+build_cuda build_all.log || exit 1
 ITERS=${ITERS:-30}
 INFER=SmallRerank,Rerank,HeavyRerank,LongDocStress,ColPaliRerank,SmallRerankPacked,RerankPacked,HeavyRerankPacked,LongDocStressPacked,ColPaliRerankPacked,ColBERTCorpus,ColPaliCorpus,RerankD256,RerankD512,RerankD768,RerankD1024,ContrastiveD256,ContrastiveD512,ContrastiveD768,ContrastiveD1024
 python3 benchmarks/compare.py --device cuda --workloads "${INFER_WL:-$INFER}" --iters "$ITERS" --warmup 5 \

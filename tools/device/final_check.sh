@@ -5,13 +5,9 @@
 # MAXSIM_TEST_AMPERE=1 (adds the sm_80+PTX variant), then, with SANITIZE=1, compute-sanitizer
 # memcheck and racecheck on tools/device/sanitize_subset.py. Carry .whl. Logs in $OUT.
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit 1
-export PYTHONUNBUFFERED=1 MAXSIM_TEST_AMPERE=1 MAXSIM_CUDA_ARCHS=${ARCHS:-}
-start=$(date +%s)
-python3 tools/build.py --backend cuda > "$OUT/build.log" 2>&1 || { tail -n 40 "$OUT/build.log"; exit 1; }
-echo "build (${ARCHS:-build.toml archs}): $(( $(date +%s) - start )) s"
+source tools/device/setup.sh
+export MAXSIM_TEST_AMPERE=1 MAXSIM_CUDA_ARCHS=${ARCHS:-}
+build_cuda || exit 1
 part1="test_cuda.py test_hopper.py test_forward.py test_argmax.py"
 ignore=""
 for f in tests/test_*.py; do

@@ -4,10 +4,8 @@
 # benchmark. Logs land in $OUT. Carry .whl (kernels, tomlkit, and the peers
 # late-interaction-kernels + flash-maxsim).
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit 1
-export PYTHONUNBUFFERED=1 MAXSIM_CUDA_ARCHS=${MAXSIM_CUDA_ARCHS-9.0a} MAXSIM_TEST_AMPERE=${MAXSIM_TEST_AMPERE:-1}
+source tools/device/setup.sh
+export MAXSIM_CUDA_ARCHS=${MAXSIM_CUDA_ARCHS-9.0a} MAXSIM_TEST_AMPERE=${MAXSIM_TEST_AMPERE:-1}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 steps=${STEPS:-test,sanitize,bench}
 status=0
@@ -24,7 +22,7 @@ if [[ $steps == *sanitize* ]]; then
   done
 fi
 if [[ $steps == *bench* || $steps == *probe* || $steps == *ncu* ]]; then
-  python3 tools/build.py --backend cuda > "$OUT/build.log" 2>&1 || { tail "$OUT/build.log"; exit 1; }
+  build_cuda || exit 1
 fi
 if [[ $steps == *probe* ]]; then
   python3 tools/device/overhead.py ${PROBE_ARGS:-rerank train} 2>&1 | tee "$OUT/probe.log"

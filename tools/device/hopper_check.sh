@@ -4,11 +4,9 @@
 # shapes and training pieces with the Hopper kernel and with MAXSIM_CUDA_FORCE_MMA_SYNC=1.
 # Carry .whl. TESTS overrides the test selection; PROBE the overhead.py modes.
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit 1
-export PYTHONUNBUFFERED=1 MAXSIM_CUDA_ARCHS=${MAXSIM_CUDA_ARCHS:-9.0a}
-python3 tools/build.py --backend cuda > "$OUT/build.log" 2>&1 || { tail -n 40 "$OUT/build.log"; exit 1; }
+source tools/device/setup.sh
+export MAXSIM_CUDA_ARCHS=${MAXSIM_CUDA_ARCHS:-9.0a}
+build_cuda || exit 1
 grep -h "C75[0-9][0-9]" "$OUT/build.log" | sed 's/in the function.*//' | sort | uniq -c | head
 # TESTS: files; TEST_K: a -k expression (only the CUDA variant is built here, so CPU
 # parametrisations of the shared test files must be deselected, e.g. TEST_K="cuda or hopper")

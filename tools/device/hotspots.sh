@@ -5,13 +5,10 @@
 # the hot instructions can be read here without ncu. Carry .whl. Logs and CSVs land in $OUT.
 #   HOT="BigColBERT:once:maxsim_forward HeavyRerank-full:call:maxsim_forward" bash tools/device/hotspots.sh
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit 1
-export PYTHONUNBUFFERED=1
+source tools/device/setup.sh
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
-MAXSIM_CUDA_ARCHS=${MAXSIM_CUDA_ARCHS:-9.0a} python3 tools/build.py --backend cuda > "$OUT/build.log" 2>&1 \
-  || { tail -n 40 "$OUT/build.log"; exit 1; }
+export MAXSIM_CUDA_ARCHS=${MAXSIM_CUDA_ARCHS:-9.0a}
+build_cuda || exit 1
 [[ -n ${PROBE-split kernels} ]] && python3 tools/device/overhead.py ${PROBE-split kernels} 2>&1 | tee "$OUT/probe.log"
 for spec in ${HOT:-}; do
   IFS=: read -r what mode kern <<< "$spec"
