@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 
+#include "kernel/forward_hopper.cuh"  // hopper_streamed_wanted (host side)
 #include "kernel/forward_launch.cuh"
 #include "launch.h"
 
@@ -20,7 +21,7 @@ cudaError_t forward_mma(const ForwardParams& p) {
   }
 }
 
-// dim > 256: the K-streaming tensor-core mainloop (any dim).
+// dim > 256, and contrastive dim > 128 on sm_90a: the K-streaming launchers (any dim).
 template <class T>
 cudaError_t forward_mma_k(const ForwardParams& p) {
   switch (p.surface) {
@@ -43,8 +44,8 @@ bool half_simt() {
 
 template <class T>
 cudaError_t forward_half(const ForwardParams& p) {
-  if (p.dim <= 256) return forward_mma<T>(p);
-  if (half_simt()) return kernel::launch_forward_simt<T, float>(p);
+  if (p.dim <= 256 && !kernel::hopper_streamed_wanted(p)) return forward_mma<T>(p);
+  if (p.dim > 256 && half_simt()) return kernel::launch_forward_simt<T, float>(p);
   return forward_mma_k<T>(p);
 }
 }  // namespace

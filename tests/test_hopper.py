@@ -9,7 +9,9 @@ rows (the narrow-MMA tail and the masked fold), empty documents, query-block cou
 warpgroups idle in the last set, query blocks of several queries whose rows do not fill 64,
 Lq = 64 (one query a block) and longer queries (64-row chunks summed in order, the last
 chunk partly past the query), dims 8..128 not multiples of 64 (zero-filled columns), both
-document layouts, and the argmax.
+document layouts, and the argmax. dim > 128 runs the streamed shapes (one 64-column K-chunk
+of the tile and of every query block per ring slot): 136 and 520 end in a chunk of 8 real
+columns, 1024 accumulates over 16 chunks, also with 64-row query chunks.
 """
 import pytest
 import torch
@@ -50,6 +52,12 @@ SHAPES = [
     (3, 65, [129, 64, 0, 200], 128),        # two chunks, the second of one row
     (4, 200, [300, 1, 128], 64),
     (2, 1024, [1024, 1000, 77], 128),       # DocDoc-like: 16 chunks
+    # streamed (dim > 128)
+    (3, 32, [1, 63, 64, 65, 127, 128, 129, 0, 300], 136),
+    (7, 64, [100, 256, 17, 129], 256),
+    (9, 33, [70, 3, 128, 255], 520),
+    (5, 20, [180] * 3 + [0, 5], 768),
+    (3, 65, [129, 64, 0, 200], 1024),       # query chunks and K-chunks together
 ]
 
 
@@ -77,12 +85,13 @@ def test_matches_reference_and_mma_sync(ms, monkeypatch, rng, shape, dtype, padd
     torch.testing.assert_close(s_plain, s_h, rtol=0, atol=0, equal_nan=True)
 
 
-def test_many_blocks_and_documents(ms, monkeypatch, rng):
+@pytest.mark.parametrize("dim", [128, 384])
+def test_many_blocks_and_documents(ms, monkeypatch, rng, dim):
     """Enough steps that every CTA of the persistent grid walks several query-block pairs
     (the query buffer is reloaded) and the document ring wraps many times."""
     nq, lq = 37, 32
     d_lens = rand_lengths(rng, (300,), 200)
-    case = make_contrastive(rng, nq, lq, d_lens, 128, dtype=torch.bfloat16, device="cuda")
+    case = make_contrastive(rng, nq, lq, d_lens, dim, dtype=torch.bfloat16, device="cuda")
     (s_h, a_h), (s_m, a_m) = both_paths(monkeypatch, lambda: case.call(ms, "_with_argmax"))
     assert_scores(s_h, case)
     assert_argmax(a_h, case)
@@ -91,10 +100,11 @@ def test_many_blocks_and_documents(ms, monkeypatch, rng):
     assert torch.equal(again[0], s_h) and torch.equal(again[1], a_h)  # deterministic
 
 
-def test_nan_and_ties(ms, monkeypatch, rng):
+@pytest.mark.parametrize("dim", [128, 200])
+def test_nan_and_ties(ms, monkeypatch, rng, dim):
     """A NaN document token wins its rows at its first position; exact ties go to the lowest
     document row, also across a tile boundary (rows 5 and 133 repeat row 5)."""
-    case = make_contrastive(rng, 3, 32, [200, 150], 128, dtype=torch.float16, device="cuda", q_lens=None)
+    case = make_contrastive(rng, 3, 32, [200, 150], dim, dtype=torch.float16, device="cuda", q_lens=None)
     docs = case.documents
     docs[133] = docs[5]
     docs[200 + 70, 3] = float("nan")
@@ -106,8 +116,9 @@ def test_nan_and_ties(ms, monkeypatch, rng):
     torch.testing.assert_close(s_h[:, 0], s_m[:, 0], rtol=1e-5, atol=1e-4)
 
 
-def test_train_gradients(ms, rng):
-    case = make_contrastive(rng, 6, 32, [90, 130, 1, 64], 128, dtype=torch.bfloat16, device="cuda")
+@pytest.mark.parametrize("dim", [128, 320])
+def test_train_gradients(ms, rng, dim):
+    case = make_contrastive(rng, 6, 32, [90, 130, 1, 64], dim, dtype=torch.bfloat16, device="cuda")
     grad = unit(rng, *case.score_shape, device="cuda")
     scores, gq, gd = run_train(ms, case, grad)
     assert_scores(scores, case)

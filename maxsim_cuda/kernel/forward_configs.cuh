@@ -54,15 +54,14 @@ struct ContrastiveWide { using type = MmaMainloop<T, KD, 256, 64, 8, 1, 4>; };
 inline int hopper_consumers(const ForwardParams& p) {
   const char* e = std::getenv("MAXSIM_CUDA_HOPPER_CONSUMERS");
   if (e != nullptr && (e[0] == '2' || e[0] == '3' || e[0] == '4')) return e[0] - '0';
-  const int64_t chunks = p.lq > 64 ? (p.lq + 63) / 64 : 1;
-  const int64_t per_block = p.lq > 64 ? 1 : 64 / p.lq;
-  const int64_t blocks = p.lq > 64 ? p.num_queries * chunks : (p.num_queries + per_block - 1) / per_block;
+  const int64_t blocks = hopper_blocks(p).blocks;
   for (int c = 4; c > 2; --c) {
     const int64_t sets = (blocks + c - 1) / c;
     if (blocks * 5 >= sets * c * 4) return c;
   }
   return 2;
 }
+// Resident shapes (dim <= 128; instantiated with launch_forward_mma).
 template <class T, int SURF>
 cudaError_t launch_contrastive_hopper(const ForwardParams& p, bool& ran) {
   using Policy = std::conditional_t<SURF == 1, ContrastivePolicy, ContrastivePaddedPolicy>;
@@ -80,11 +79,22 @@ cudaError_t launch_contrastive_hopper(const ForwardParams& p, bool& ran) {
   return p.dim <= 64 ? run_forward_hopper<T, HopperShape<64, 8, 3>>(p, pol, ep, ran)
                      : run_forward_hopper<T, HopperShape<128, 5, 3>>(p, pol, ep, ran);
 }
+// Streamed shapes (dim > 128; instantiated with launch_forward_mma_k): a slot is C x 8 KB of
+// query chunks plus a 16 KB document chunk, so 5 / 6 slots (200 / 192 KB) for 3 / 2
+// consumers. Four would need more than the 96 registers a thread gets at 17 warps (spills).
+template <class T, int SURF>
+cudaError_t launch_contrastive_hopper_streamed(const ForwardParams& p, bool& ran) {
+  using Policy = std::conditional_t<SURF == 1, ContrastivePolicy, ContrastivePaddedPolicy>;
+  const Policy pol = make_contrastive<Policy>(p, 64);
+  const EpilogueArgs ep = make_args<T>(p).ep;
+  if (hopper_consumers(p) == 2) return run_forward_hopper<T, HopperShape<64, 6, 2, true>>(p, pol, ep, ran);
+  return run_forward_hopper<T, HopperShape<64, 5, 3, true>>(p, pol, ep, ran);
+}
 
 template <class T, int SURF>
 cudaError_t launch_forward_mma(const ForwardParams& p) {
   if constexpr (is_contrastive(SURF)) {
-    if (hopper_contrastive_applies(p)) {
+    if (p.dim <= 128 && hopper_contrastive_applies(p)) {
       bool ran = false;
       const cudaError_t err = launch_contrastive_hopper<T, SURF>(p, ran);
       if (ran || err != cudaSuccess) return err;
@@ -175,6 +185,13 @@ struct MmaKRerankK128 { using type = MmaKMainloop<T, 32, 64, 2, 2, 128, 4, 2>; }
 // Explicitly instantiated per (dtype, surface) in forward_<dtype>_kchunk_<surface>.cu.
 template <class T, int SURF>
 cudaError_t launch_forward_mma_k(const ForwardParams& p) {
+  if constexpr (is_contrastive(SURF)) {
+    if (hopper_contrastive_applies(p)) {
+      bool ran = false;
+      const cudaError_t err = launch_contrastive_hopper_streamed<T, SURF>(p, ran);
+      if (ran || err != cudaSuccess) return err;
+    }
+  }
   const int bm = pick_bm(p);
   if (bm == 32) {
     if constexpr (!is_contrastive(SURF)) {

@@ -1,28 +1,31 @@
-// The contrastive forward on sm_90a: warp-specialised, TMA-fed, wgmma. fp16/bf16,
-// dim <= 128 (multiple of 8); queries longer than 64 rows run as 64-row chunks.
+// The contrastive forward on sm_90a: warp-specialised, TMA-fed, wgmma. fp16/bf16, dim a
+// multiple of 8; queries longer than 64 rows run as 64-row chunks.
 //
 // Roles. One producer warp (one elected lane) walks the CTA's steps, reads each document's
-// rows (one step ahead) and issues TMA tile loads: the consumers' 64-row query blocks once
-// per set, and every 128-row document tile into a ring of kStages slots guarded by full /
-// empty mbarriers, with a TileInfo per slot so the consumers read no indices themselves.
-// kConsumers warpgroups each own one 64-row query block (policy blocks kConsumers * set + g)
-// and share every document tile: per tile, wgmma m64n128k16 (m64n64k16 for a tail of at
-// most 64 rows) from the swizzled shared-memory operands into fp32 registers, release the
-// slot, fold into the running (max, argmax) with the mma.sync kernels' MmaRowMax (wgmma's
-// accumulator layout is mma.sync's m16n8 layout per 8 columns), and after a document's last
-// tile run the shared epilogue on the warpgroup's 64 rows (a named barrier instead of
-// __syncthreads). The warpgroups run decoupled, so one's fold and epilogue overlap the
-// others' MMAs.
+// rows (one step ahead) and issues TMA tile loads into a ring of kStages slots guarded by
+// full / empty mbarriers, with a TileInfo per slot so the consumers read no indices
+// themselves. kConsumers warpgroups each own one 64-row query block (policy blocks
+// kConsumers * set + g) and share every document tile: per tile, wgmma m64n128k16 (m64n64k16
+// for a tail of at most 64 rows) from the swizzled shared-memory operands into fp32
+// registers, release the slot(s), fold into the running (max, argmax) with the mma.sync
+// kernels' MmaRowMax (wgmma's accumulator layout is mma.sync's m16n8 layout per 8 columns),
+// and after a document's last tile run the shared epilogue on the warpgroup's 64 rows (a
+// named barrier instead of __syncthreads). The warpgroups run decoupled, so one's fold and
+// epilogue overlap the others' MMAs.
+//
+// Operands (HopperShape). dim <= 128, resident: the query blocks are loaded once per set
+// (single buffer, reloaded after every warpgroup released it: qempty) and a slot holds a
+// whole document tile. dim > 128, streamed: a slot holds one 64-column K-chunk of the tile
+// and of every block, and a tile's MMAs accumulate over ceil(dim / 64) slots.
 //
 // Schedule. Steps are (set, document) in set-major order, split contiguously over a
-// persistent grid like the mma.sync kernel. The query buffer is single: the producer
-// reloads it only after every warpgroup released the previous set (qempty).
+// persistent grid like the mma.sync kernel.
 //
 // Where a tile runs past its document (the next document's rows, or zero rows past the
-// tensor), the fold masks those columns. Query rows past a segment's length are scored and
-// never reported, as in the mma.sync kernels. Host side: the tensor maps (encoded through
-// the runtime's driver entry point, no libcuda link) and the checks that pick this path.
-// Torch-free.
+// tensor), the fold masks those columns; columns past dim arrive as zeros. Query rows past a
+// segment's length are scored and never reported, as in the mma.sync kernels. Host side: the
+// tensor maps (encoded through the runtime's driver entry point, no libcuda link) and the
+// checks that pick this path. Torch-free.
 #pragma once
 
 #include <cuda.h>
@@ -48,18 +51,28 @@ __device__ __forceinline__ V uniform(V v) {
   return __shfl_sync(0xffffffffu, v, 0);
 }
 
-template <int KD_, int STAGES_, int CONSUMERS_>
+// Two ways to feed the consumers. Resident (dim <= 128): each warpgroup's query block sits
+// in shared memory for a whole set and a ring slot holds a document tile of all KD columns.
+// Streamed (STREAM, any dim): a ring slot holds one 64-column K-chunk of the tile and of
+// every consumer's query block, and a tile's MMAs accumulate over ceil(dim / 64) slots, as a
+// GEMM mainloop does; the query chunks come from L2 again for every tile.
+template <int KD_, int STAGES_, int CONSUMERS_, bool STREAM_ = false>
 struct HopperShape {
-  static constexpr int KD = KD_, KB = KD / 64;  // 64-column (128-byte) swizzle blocks
-  static constexpr int BM = 64;                 // query rows per consumer warpgroup
-  static constexpr int BN = 128;                // document rows per tile
+  static constexpr bool kStream = STREAM_;
+  static constexpr int KD = kStream ? 64 : KD_, KB = KD / 64;  // 64-column (128-byte) swizzle blocks per slot
+  static constexpr int BM = 64;                                 // query rows per consumer warpgroup
+  static constexpr int BN = 128;                                // document rows per tile
   static constexpr int NT = BN / 8;
   static constexpr int kConsumers = CONSUMERS_, kStages = STAGES_;
   static constexpr int kThreads = kConsumers * 128 + 32;
   static constexpr int kProducerWarp = kConsumers * 4;
   static constexpr uint32_t kRowBytes = 128;
-  static constexpr uint32_t kQueryBlockBytes = KB * BM * kRowBytes;  // one warpgroup's block
-  static constexpr uint32_t kTileBytes = KB * BN * kRowBytes;
+  static constexpr uint32_t kQueryBlockBytes = KB * BM * kRowBytes;  // one warpgroup's block (streamed: chunk)
+  static constexpr uint32_t kDocBytes = KB * BN * kRowBytes;         // one tile (streamed: chunk)
+  // A ring slot: streamed, the consumers' query chunks first, then the document chunk.
+  static constexpr uint32_t kQueryInSlot = kStream ? kConsumers * kQueryBlockBytes : 0;
+  static constexpr uint32_t kSlotBytes = kQueryInSlot + kDocBytes;
+  static constexpr int kResidentBlocks = kStream ? 1 : kConsumers;  // (streamed: an unused stub)
   static_assert(KD % 64 == 0 && KB >= 1 && KB <= 2, "KD");
 };
 
@@ -75,8 +88,8 @@ constexpr int32_t kTileOk = 1, kTileLast = 2;
 
 template <class Shape>
 struct HopperSmem {
-  alignas(1024) unsigned char query[Shape::kConsumers][Shape::kQueryBlockBytes];
-  alignas(1024) unsigned char tile[Shape::kStages][Shape::kTileBytes];
+  alignas(1024) unsigned char query[Shape::kResidentBlocks][Shape::kStream ? 1024 : Shape::kQueryBlockBytes];
+  alignas(1024) unsigned char slot[Shape::kStages][Shape::kSlotBytes];
   TileInfo info[Shape::kStages];
   uint64_t full[Shape::kStages], empty[Shape::kStages], qfull, qempty;
   EpilogueSmem<float, Shape::BM, 1> epi[Shape::kConsumers];
@@ -99,6 +112,7 @@ struct HopperParams {
   int64_t blocks;      // 64-row query blocks
   int64_t nchunks;     // blocks per query (1: the policy's stacked blocks)
   int64_t sets;        // sets of kConsumers consecutive blocks; steps are (set, document), set-major
+  int kchunks;         // streamed shapes: 64-column K-chunks per tile (ceil(dim / 64))
   float* partial;      // nchunks > 1: [Nq * nchunks, Nb] chunk sums
   EpilogueArgs ep;
 };
@@ -112,7 +126,9 @@ __device__ __forceinline__ int64_t block_row0(const HopperParams<Policy>& hp, in
 }
 
 // Epilogue of one 64-row chunk of a long query (all 128 threads of the warpgroup): argmax
-// of its rows, and the ordered sum of its valid rows' maxima into hp.partial.
+// of its rows, and the ordered sum of its valid rows' maxima into hp.partial. finish_chunk
+// with a chunk-sum destination could do this too, but its general row pass (stacked
+// segments) costs registers: the 4-warpgroup shapes, capped at 96, then spill.
 template <class Policy>
 __device__ __forceinline__ void finish_query_chunk(EpilogueSmem<float, 64, 1>& sm, const HopperParams<Policy>& hp,
                                                    const StepDesc& d, int64_t q, int64_t c, int64_t n, int tid,
@@ -164,7 +180,8 @@ struct SetMajorWalk {
 };
 
 // The producer: one lane. Document rows for step s + 1 are read while step s's tiles are
-// issued, so their latency stays off the ring.
+// issued, so their latency stays off the ring. A tile takes one slot (resident), or one per
+// K-chunk (streamed); a document without rows takes one slot without data.
 template <class Shape, class Policy>
 __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const HopperParams<Policy>& hp, StepRange range,
                                                const CUtensorMap* qmap, const CUtensorMap* dmap) {
@@ -173,6 +190,8 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
   int it = 0;
   int64_t cur_set = -1;
   uint32_t qround = 0;
+  int blocks = 0;    // query blocks of the current set
+  int64_t first = 0;  // its first block
   SetMajorWalk walk(range.begin, pol.Nb);
   int64_t row0 = 0, len = 0;
   bool ok = pol.docs.rows(walk.n, row0, len);
@@ -186,59 +205,105 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
       ok = pol.docs.rows(walk.n, row0, len);
     }
     if (this_set != cur_set) {
-      if (cur_set >= 0) mbar_wait(smem_addr(&sm.qempty), (qround++) & 1);
-      const int64_t first = this_set * C;
-      const int64_t blocks = hp.blocks - first < C ? hp.blocks - first : C;
-      mbar_arrive_expect_tx(smem_addr(&sm.qfull), uint32_t(blocks) * Shape::kQueryBlockBytes);
-      for (int g = 0; g < blocks; ++g) {
-        const int row = static_cast<int>(block_row0(hp, first + g));
+      first = this_set * C;
+      blocks = static_cast<int>(hp.blocks - first < C ? hp.blocks - first : C);
+      if constexpr (!Shape::kStream) {
+        if (cur_set >= 0) mbar_wait(smem_addr(&sm.qempty), (qround++) & 1);
+        mbar_arrive_expect_tx(smem_addr(&sm.qfull), uint32_t(blocks) * Shape::kQueryBlockBytes);
+        for (int g = 0; g < blocks; ++g) {
+          const int row = static_cast<int>(block_row0(hp, first + g));
 #pragma unroll
-        for (int kb = 0; kb < KB; ++kb) {
-          tma_load_2d(smem_addr(sm.query[g]) + kb * Shape::BM * Shape::kRowBytes, qmap, smem_addr(&sm.qfull),
-                      kb * 64, row);
+          for (int kb = 0; kb < KB; ++kb) {
+            tma_load_2d(smem_addr(sm.query[g]) + kb * Shape::BM * Shape::kRowBytes, qmap, smem_addr(&sm.qfull),
+                        kb * 64, row);
+          }
         }
       }
       cur_set = this_set;
     }
-    const int64_t ntiles = cur_len > 0 ? (cur_len + BN - 1) / BN : 1;
-    for (int64_t t = 0; t < ntiles; ++t, ++it) {
-      const int stage = it % S;
-      mbar_wait(smem_addr(&sm.empty[stage]), ((it / S) & 1) ^ 1);
-      sm.info[stage] = TileInfo{cur_n, cur_len, static_cast<int32_t>(t),
-                                (cur_ok ? kTileOk : 0) | (t + 1 == ntiles ? kTileLast : 0)};
-      const bool data = cur_len > 0;
-      mbar_arrive_expect_tx(smem_addr(&sm.full[stage]), data ? Shape::kTileBytes : 0u);
-      if (data) {
+    const bool data = cur_len > 0;
+    const int64_t ntiles = data ? (cur_len + BN - 1) / BN : 1;
+    const int nk = Shape::kStream && data ? hp.kchunks : 1;
+    const uint32_t tx = !data ? 0u : (Shape::kStream ? uint32_t(blocks) * Shape::kQueryBlockBytes : 0u) + Shape::kDocBytes;
+    for (int64_t t = 0; t < ntiles; ++t) {
+      const int drow = static_cast<int>(cur_row0 + t * BN);
+      const TileInfo info{cur_n, cur_len, static_cast<int32_t>(t),
+                          (cur_ok ? kTileOk : 0) | (t + 1 == ntiles ? kTileLast : 0)};
+      for (int kc = 0; kc < nk; ++kc, ++it) {
+        const int stage = it % S;
+        const uint32_t full = smem_addr(&sm.full[stage]), slot = smem_addr(sm.slot[stage]);
+        mbar_wait(smem_addr(&sm.empty[stage]), ((it / S) & 1) ^ 1);
+        sm.info[stage] = info;
+        mbar_arrive_expect_tx(full, tx);
+        if (!data) continue;
+        if constexpr (Shape::kStream) {
 #pragma unroll
-        for (int kb = 0; kb < KB; ++kb) {
-          tma_load_2d(smem_addr(sm.tile[stage]) + kb * BN * Shape::kRowBytes, dmap, smem_addr(&sm.full[stage]),
-                      kb * 64, static_cast<int>(cur_row0 + t * BN));
+          for (int g = 0; g < blocks; ++g) {
+            tma_load_2d(slot + g * Shape::kQueryBlockBytes, qmap, full, kc * 64,
+                        static_cast<int>(block_row0(hp, first + g)));
+          }
+          tma_load_2d(slot + Shape::kQueryInSlot, dmap, full, kc * 64, drow);
+        } else {
+#pragma unroll
+          for (int kb = 0; kb < KB; ++kb) tma_load_2d(slot + kb * BN * Shape::kRowBytes, dmap, full, kb * 64, drow);
         }
       }
     }
   }
 }
 
-// This warpgroup's MMAs for one tile: S[64 x N] = Q block * tile^T over KD columns, N = 128,
-// or 64 (NARROW) when at most 64 document rows are left. Descriptors of the k16 steps are the
-// base descriptors plus constant offsets (the address field is addr / 16 and the operands lie
-// below 256 KB, so the add never carries out of it).
+// This warpgroup's MMAs for one tile whose first slot (`it`) is full: S[64 x N] = Q block *
+// tile^T over all columns, N = 128, or 64 (NARROW) when at most 64 document rows are left.
+// Releases the tile's slots and returns the slot counter past them. Descriptors of the k16
+// steps are the base descriptors plus constant offsets (the address field is addr / 16 and
+// the operands lie below 256 KB, so the add never carries out of it).
+// Streamed: one slot per K-chunk; a chunk's MMAs are issued before the previous chunk's
+// finish (wait_group 1), and a slot is released once its MMAs have read it.
 template <class T, class Shape, bool NARROW>
-__device__ __forceinline__ void hopper_mma(float (&acc)[NARROW ? Shape::NT / 2 : Shape::NT][4], uint64_t qdesc,
-                                           uint64_t tdesc) {
+__device__ __forceinline__ int hopper_tile_mma(HopperSmem<Shape>& sm, float (&acc)[NARROW ? Shape::NT / 2 : Shape::NT][4],
+                                               int g, int it, int nk) {
+  constexpr int S = Shape::kStages;
+  using Mma = WgmmaM64<T, NARROW ? 64 : 128>;
   fence_registers(acc);
-  wgmma_fence();
+  if constexpr (!Shape::kStream) {
+    const int stage = it % S;
+    const uint64_t qdesc = sw128_desc(smem_addr(sm.query[g]));
+    const uint64_t tdesc = sw128_desc(smem_addr(sm.slot[stage]));
+    wgmma_fence();
 #pragma unroll
-  for (int kb = 0; kb < Shape::KB; ++kb)
+    for (int kb = 0; kb < Shape::KB; ++kb)
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const uint64_t a = qdesc + ((kb * Shape::BM * Shape::kRowBytes + kk * 32) >> 4);
-      const uint64_t b = tdesc + ((kb * Shape::BN * Shape::kRowBytes + kk * 32) >> 4);
-      WgmmaM64<T, NARROW ? 64 : 128>::run(acc, a, b, (kb | kk) != 0);
+      for (int kk = 0; kk < 4; ++kk) {
+        const uint64_t a = qdesc + ((kb * Shape::BM * Shape::kRowBytes + kk * 32) >> 4);
+        const uint64_t b = tdesc + ((kb * Shape::BN * Shape::kRowBytes + kk * 32) >> 4);
+        Mma::run(acc, a, b, (kb | kk) != 0);
+      }
+    wgmma_commit();
+    wgmma_wait<0>();
+    mbar_arrive(smem_addr(&sm.empty[stage]));
+    ++it;
+  } else {
+#pragma unroll 1
+    for (int kc = 0; kc < nk; ++kc, ++it) {
+      const int stage = it % S;
+      if (kc > 0) mbar_wait(smem_addr(&sm.full[stage]), (it / S) & 1);
+      const uint32_t slot = smem_addr(sm.slot[stage]);
+      const uint64_t qdesc = sw128_desc(slot + g * Shape::kQueryBlockBytes);
+      const uint64_t tdesc = sw128_desc(slot + Shape::kQueryInSlot);
+      fence_registers(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) Mma::run(acc, qdesc + ((kk * 32) >> 4), tdesc + ((kk * 32) >> 4), (kc | kk) != 0);
+      wgmma_commit();
+      wgmma_wait<1>();
+      fence_registers(acc);
+      if (kc > 0) mbar_arrive(smem_addr(&sm.empty[(it - 1) % S]));  // the previous chunk's MMAs are done
     }
-  wgmma_commit();
-  wgmma_wait<0>();
+    wgmma_wait<0>();
+    mbar_arrive(smem_addr(&sm.empty[(it - 1) % S]));
+  }
   fence_registers(acc);
+  return it;
 }
 
 template <class T, class Shape, class Policy>
@@ -251,19 +316,18 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
   const int g = uniform(threadIdx.x / 128), tid = threadIdx.x % 128, warp = tid / 32, lane = threadIdx.x % 32;
   auto& epi = sm.epi[g];
   const WarpgroupSync sync{1 + g};
-  const uint32_t qbase = smem_addr(sm.query[g]);
   MmaRowMax<1, Shape::NT, BN, 1, BN> row_max;
   float carry = 0.f;
   int it = 0;
   int64_t cur_set = -1, qb = 0, query = 0, chunk = 0;
   uint32_t qround = 0;
   bool active = false;
-  const uint64_t qdesc = sw128_desc(qbase);
   SetMajorWalk walk(range.begin, pol.Nb);
   for (int64_t s = range.begin; s < range.end; ++s, walk.next()) {
     const int64_t set = walk.set, n = walk.n;
     if (set != cur_set) {
-      if (cur_set >= 0) mbar_arrive(smem_addr(&sm.qempty));  // every MMA on the old blocks has drained
+      // every MMA on the old blocks has drained (streamed shapes keep no blocks)
+      if (!Shape::kStream && cur_set >= 0) mbar_arrive(smem_addr(&sm.qempty));
       cur_set = set;
       qb = set * C + g;
       active = qb < hp.blocks;  // uniform over the warpgroup
@@ -279,7 +343,7 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
         for (int k = tid; k < nseg; k += 128) epi.seg_qlen[k] = pol.qlen_of(q0 + k);
         sync();
       }
-      mbar_wait(smem_addr(&sm.qfull), (qround++) & 1);
+      if constexpr (!Shape::kStream) mbar_wait(smem_addr(&sm.qfull), (qround++) & 1);
     }
     row_max.reset();
     TileInfo info;
@@ -293,23 +357,27 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
       const int64_t left64 = info.len - int64_t(info.tile) * BN;
       const int left = static_cast<int>(left64 < BN ? left64 : BN);
       const bool work = active && left > 0;
-      const uint64_t tdesc = sw128_desc(smem_addr(sm.tile[stage]));
+      const int nk = Shape::kStream && info.len > 0 ? hp.kchunks : 1;  // the tile's slots
       // Accumulators live from the MMAs to the fold only (the first k-step overwrites them);
       // the narrow MMA gets its own set (sharing one made ptxas serialise them, C7511).
-      if (work && left <= 64) {
+      // Streamed shapes have no narrow path: with two K-loops ptxas needs ~25 more registers
+      // and spills (3 warpgroups, capped at 128) or serialises the MMAs (4, capped at 96).
+      if (!Shape::kStream && work && left <= 64) {
         float acc[1][Shape::NT / 2][4];
-        hopper_mma<T, Shape, true>(acc[0], qdesc, tdesc);
-        mbar_arrive(smem_addr(&sm.empty[stage]));  // the MMAs have read the slot
+        it = hopper_tile_mma<T, Shape, true>(sm, acc[0], g, it, nk);
         row_max.fold(acc, lane, 0, left, info.tile * BN, hp.ep.with_argmax);
       } else if (work) {
         float acc[1][Shape::NT][4];
-        hopper_mma<T, Shape, false>(acc[0], qdesc, tdesc);
-        mbar_arrive(smem_addr(&sm.empty[stage]));
+        it = hopper_tile_mma<T, Shape, false>(sm, acc[0], g, it, nk);
         row_max.fold(acc, lane, 0, left, info.tile * BN, hp.ep.with_argmax);
-      } else {
+      } else {  // nothing to compute here: pass the tile's slots on
         mbar_arrive(smem_addr(&sm.empty[stage]));
+        ++it;
+        for (int kc = 1; kc < nk; ++kc, ++it) {
+          mbar_wait(smem_addr(&sm.full[it % S]), (it / S) & 1);
+          mbar_arrive(smem_addr(&sm.empty[it % S]));
+        }
       }
-      ++it;
     } while (!(info.flags & kTileLast));
     if (active) {
       const bool ok = (info.flags & kTileOk) != 0;
@@ -400,12 +468,35 @@ bool encode_rows_map(CUtensorMap& map, const void* base, int64_t rows, int64_t d
 }
 
 // Whether the Hopper kernel takes this call (else the caller runs the mma.sync kernels).
+// dim <= 128 runs the resident shapes, anything wider the streamed ones.
 inline bool hopper_contrastive_applies(const ForwardParams& p) {
   constexpr int64_t kCoordLimit = (int64_t(1) << 31) - 256;  // TMA coordinates are int32
-  return p.lq >= 1 && p.dim >= 8 && p.dim <= 128 && p.dim % 8 == 0 && p.num_queries > 0 &&
+  return p.lq >= 1 && p.dim >= 8 && p.dim % 8 == 0 && p.dim < kCoordLimit && p.num_queries > 0 &&
          p.num_docs > 0 && p.q_rows > 0 && p.d_rows > 0 && p.q_rows < kCoordLimit && p.d_rows < kCoordLimit &&
          reinterpret_cast<uintptr_t>(p.queries) % 16 == 0 && reinterpret_cast<uintptr_t>(p.documents) % 16 == 0 &&
          !force_mma_sync() && wgmma_compiled_for_current_device();
+}
+
+// dim > 128 on sm_90a: the dispatcher sends these contrastive calls to the K-streaming
+// launcher (launch_forward_mma_k), which tries the streamed shapes first.
+inline bool hopper_streamed_wanted(const ForwardParams& p) {
+  return is_contrastive(static_cast<int>(p.surface)) && p.dim > 128 && hopper_contrastive_applies(p);
+}
+
+// 64-row query blocks of a call: the policy's blocks of 64 / Lq stacked queries
+// (make_contrastive(p, 64)), or, for Lq > 64, ceil(Lq / 64) chunks of every query.
+struct HopperBlocks {
+  int64_t blocks, nchunks;
+};
+inline HopperBlocks hopper_blocks(const ForwardParams& p) {
+  if (p.lq > 64) {
+    const int64_t nchunks = (p.lq + 63) / 64;
+    return {p.num_queries * nchunks, nchunks};
+  }
+  int64_t g = 64 / p.lq;
+  if (g > p.num_queries) g = p.num_queries;
+  if (g < 1) g = 1;
+  return {(p.num_queries + g - 1) / g, 1};
 }
 
 template <class T, class Shape, class Policy>
@@ -416,10 +507,13 @@ cudaError_t run_forward_hopper(const ForwardParams& p, const Policy& pol, const 
       !encode_rows_map<T>(dmap, p.documents, p.d_rows, p.dim, Shape::BN)) {
     return cudaSuccess;  // not taken: the mma.sync kernels run instead
   }
+  static_assert(Shape::BM == 64, "hopper_blocks counts 64-row blocks");
+  const HopperBlocks hb = hopper_blocks(p);
   HopperParams<Policy> hp;
   hp.pol = pol;
-  hp.nchunks = p.lq > Shape::BM ? (p.lq + Shape::BM - 1) / Shape::BM : 1;
-  hp.blocks = hp.nchunks > 1 ? pol.Nq * hp.nchunks : pol.order.nq_blocks;
+  hp.nchunks = hb.nchunks;
+  hp.blocks = hb.blocks;
+  hp.kchunks = static_cast<int>((p.dim + 63) / 64);
   // Set-major steps: a CTA keeps its query set across a contiguous run of documents, and
   // the CTAs on different sets stream the same documents at about the same time (L2 reuse
   // when the documents do not fit in L2).
