@@ -13,6 +13,8 @@ document layouts, and the argmax. dim > 128 runs the streamed shapes (one 64-col
 of the tile and of every query block per ring slot): 136 and 520 end in a chunk of 8 real
 columns, 1024 accumulates over 16 chunks, also with 64-row query chunks.
 """
+import dataclasses
+
 import pytest
 import torch
 
@@ -126,3 +128,52 @@ def test_train_gradients(ms, rng, dim):
     eq, ed, bound_q, bound_d = expected_grads(case, grad, argmax)
     assert_grads(gq, eq, bound_q, case.queries.dtype)
     assert_grads(gd, ed, bound_d, case.queries.dtype)
+
+
+def _balance_paths(monkeypatch, fn):
+    monkeypatch.delenv("MAXSIM_CUDA_HOPPER_BALANCE", raising=False)
+    balanced = fn()
+    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_BALANCE", "0")
+    plain = fn()
+    monkeypatch.delenv("MAXSIM_CUDA_HOPPER_BALANCE")
+    return balanced, plain
+
+
+@pytest.mark.parametrize("dim", [128, 256])
+def test_balanced_split_changes_nothing(ms, monkeypatch, rng, dim):
+    """Ragged packed documents large enough for the work-balanced split of the steps (at
+    least 8 per CTA, 2^20 document rows): each pair is still computed whole by one
+    warpgroup, so the results are bit for bit those of the equal-count split, and agree with
+    the mma.sync kernels. Query lengths vary; 600 of the documents are near-empty."""
+    n_docs = 3000
+    d_lens = rand_lengths(rng, (n_docs,), 1030)
+    d_lens[torch.randperm(n_docs, generator=rng)[:600]] = torch.randint(0, 3, (600,), generator=rng)
+    case = make_contrastive(rng, 8, 32, d_lens, dim, dtype=torch.bfloat16, device="cuda")
+    assert int(d_lens.sum()) >= 1 << 20
+    (s_b, a_b), (s_p, a_p) = _balance_paths(monkeypatch, lambda: case.call(ms, "_with_argmax"))
+    assert torch.equal(s_b, s_p) and torch.equal(a_b, a_p)
+    monkeypatch.setenv("MAXSIM_CUDA_FORCE_MMA_SYNC", "1")
+    s_m, a_m = case.call(ms, "_with_argmax")
+    torch.testing.assert_close(s_b, s_m, rtol=1e-5, atol=1e-4)
+    assert (a_b == a_m).float().mean() > 0.99
+
+
+def test_balanced_split_with_unsorted_offsets(ms, monkeypatch, rng):
+    """Offsets that are not sorted (not checked on a GPU without MAXSIM_CHECK_VALUES) must not
+    lose or repeat steps: the balanced bounds are made monotone, so every pair gets the same
+    score (NaN for the bad documents) as with the equal-count split."""
+    n_docs = 3000
+    d_lens = rand_lengths(rng, (n_docs,), 1030)
+    case = make_contrastive(rng, 8, 32, d_lens, 128, dtype=torch.float16, device="cuda")
+    offsets = case.document_offsets.clone()
+    offsets[700] = offsets[1900]  # documents 699 and 700 become bad, and the prefix dips
+    offsets[1500] = 5
+    bad = dataclasses.replace(case, document_offsets=offsets)
+    out = {}
+    for form in ("", "_with_argmax"):
+        out[form] = _balance_paths(monkeypatch, lambda: bad.call(ms, form))
+    s_b, s_p = out[""]
+    assert torch.equal(s_b.isnan(), s_p.isnan()) and s_b.isnan().any()
+    assert torch.equal(s_b.nan_to_num(), s_p.nan_to_num())
+    (s_b, a_b), (s_p, a_p) = out["_with_argmax"]
+    assert torch.equal(s_b.nan_to_num(), s_p.nan_to_num()) and torch.equal(a_b, a_p)

@@ -33,6 +33,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <mutex>
 #include <type_traits>
 
 #include "../launch.h"
@@ -114,6 +115,7 @@ struct HopperParams {
   int64_t sets;        // sets of kConsumers consecutive blocks; steps are (set, document), set-major
   int kchunks;         // streamed shapes: 64-column K-chunks per tile (ceil(dim / 64))
   float* partial;      // nchunks > 1: [Nq * nchunks, Nb] chunk sums
+  const int64_t* bounds;  // null, or CTA k's steps [bounds[k], bounds[k+1]) (balance_set_major_steps)
   EpilogueArgs ep;
 };
 
@@ -401,7 +403,8 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t pad = ((smem_addr(smem_raw) + 1023u) & ~1023u) - smem_addr(smem_raw);
   auto& sm = *reinterpret_cast<HopperSmem<Shape>*>(smem_raw + pad);
-  const StepRange range = cta_steps(hp.sets * hp.pol.Nb, gridDim.x, blockIdx.x);
+  const StepRange range = hp.bounds != nullptr ? StepRange{hp.bounds[blockIdx.x], hp.bounds[blockIdx.x + 1]}
+                                                : cta_steps(hp.sets * hp.pol.Nb, gridDim.x, blockIdx.x);
   if (range.begin >= range.end) return;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Shape::kStages; ++s) {
@@ -499,6 +502,57 @@ inline HopperBlocks hopper_blocks(const ForwardParams& p) {
   return {(p.num_queries + g - 1) / g, 1};
 }
 
+// Stream-ordered scratch (capturable in a CUDA graph) from a pool of our own that keeps up
+// to 64 MB between calls: the device's default pool hands its memory back at every
+// synchronisation, and mapping it again cost ~100 us per eager call.
+inline cudaError_t scratch_alloc(void** ptr, size_t bytes, cudaStream_t stream) {
+  static cudaMemPool_t pools[64] = {};
+  static std::mutex mutex;
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  cudaMemPool_t pool;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (pools[dev & 63] == nullptr) {
+      cudaMemPoolProps props{};
+      props.allocType = cudaMemAllocationTypePinned;
+      props.location.type = cudaMemLocationTypeDevice;
+      props.location.id = dev;
+      err = cudaMemPoolCreate(&pools[dev & 63], &props);
+      if (err != cudaSuccess) {
+        pools[dev & 63] = nullptr;
+        return err;
+      }
+      uint64_t keep = uint64_t(64) << 20;
+      err = cudaMemPoolSetAttribute(pools[dev & 63], cudaMemPoolAttrReleaseThreshold, &keep);
+      if (err != cudaSuccess) return err;
+    }
+    pool = pools[dev & 63];
+  }
+  return cudaMallocFromPoolAsync(ptr, bytes, pool, stream);
+}
+
+// Work-balanced split (balance_set_major_steps) for documents cut by offsets, where the
+// rows per document can differ, once a call is large enough for the extra launch (~1 us of
+// GPU time, plus ~15 dependent index reads) not to show: at least 8 steps per CTA and 2^20
+// (set, document row) pairs. A step counts as kBalanceStepCost rows on top of its own (its
+// epilogue, its part-filled last tile). MAXSIM_CUDA_HOPPER_BALANCE=0 turns it off
+// (comparisons).
+constexpr int64_t kBalanceStepCost = 96;
+template <class Policy>
+bool wants_balanced_split(const ForwardParams& p, const Policy&, int64_t sets, int64_t steps, int64_t ctas) {
+  if constexpr (!std::is_same_v<Policy, ContrastivePolicy>) {
+    return false;
+  } else {
+    const char* e = std::getenv("MAXSIM_CUDA_HOPPER_BALANCE");
+    if (e != nullptr && e[0] == '0') return false;
+    const int64_t work = sets * (p.d_rows + kBalanceStepCost * p.num_docs);  // no int64 overflow below
+    return ctas + 1 <= 1024 && steps >= 8 * ctas && sets * p.d_rows >= (int64_t(1) << 20) &&
+           work < (int64_t(1) << 50);
+  }
+}
+
 template <class T, class Shape, class Policy>
 cudaError_t run_forward_hopper(const ForwardParams& p, const Policy& pol, const EpilogueArgs& ep, bool& ran) {
   ran = false;
@@ -519,6 +573,7 @@ cudaError_t run_forward_hopper(const ForwardParams& p, const Policy& pol, const 
   // when the documents do not fit in L2).
   hp.sets = (hp.blocks + Shape::kConsumers - 1) / Shape::kConsumers;
   hp.partial = nullptr;
+  hp.bounds = nullptr;
   hp.ep = ep;
   const int64_t steps = hp.sets * pol.Nb;
   if (steps <= 0) {
@@ -536,16 +591,37 @@ cudaError_t run_forward_hopper(const ForwardParams& p, const Policy& pol, const 
     if (err != cudaSuccess) return err;
     configured[dev & 63] = true;
   }
-  // Long queries: chunk sums in stream-ordered scratch (capturable in a CUDA graph).
+  const int64_t ctas = plan_ctas(steps, p.num_sms, 1);
+  // Stream-ordered scratch (capturable in a CUDA graph): long queries' chunk sums, and the
+  // CTAs' step bounds when the split is balanced.
   const size_t partial_bytes = hp.nchunks > 1 ? size_t(hp.blocks) * size_t(pol.Nb) * sizeof(float) : 0;
+  const bool balance = wants_balanced_split(p, pol, hp.sets, steps, ctas);
+  int64_t* bounds = nullptr;
   if (partial_bytes > 0) {
-    err = cudaMallocAsync(reinterpret_cast<void**>(&hp.partial), partial_bytes, p.stream);
+    err = scratch_alloc(reinterpret_cast<void**>(&hp.partial), partial_bytes, p.stream);
     if (err != cudaSuccess) return err;
   }
+  if (balance) {
+    err = scratch_alloc(reinterpret_cast<void**>(&bounds), size_t(ctas + 1) * sizeof(int64_t), p.stream);
+    if (err != cudaSuccess) {
+      if (hp.partial != nullptr) cudaFreeAsync(hp.partial, p.stream);
+      return err;
+    }
+  }
+  hp.bounds = bounds;
   ran = true;
-  const int64_t ctas = plan_ctas(steps, p.num_sms, 1);
-  kern<<<static_cast<unsigned>(ctas), Shape::kThreads, smem, p.stream>>>(hp, qmap, dmap);
-  err = cudaGetLastError();
+  if constexpr (std::is_same_v<Policy, ContrastivePolicy>) {
+    if (balance) {
+      const unsigned threads = static_cast<unsigned>((ctas + 1 + 31) / 32 * 32);
+      balance_set_major_steps<<<1, threads, 0, p.stream>>>(pol.docs, pol.Nb, hp.sets, kBalanceStepCost,
+                                                           static_cast<int>(ctas), bounds);
+      err = cudaGetLastError();
+    }
+  }
+  if (err == cudaSuccess) {
+    kern<<<static_cast<unsigned>(ctas), Shape::kThreads, smem, p.stream>>>(hp, qmap, dmap);
+    err = cudaGetLastError();
+  }
   if (partial_bytes > 0) {
     if (err == cudaSuccess) {
       const int64_t pairs = pol.Nq * pol.Nb;
@@ -554,6 +630,10 @@ cudaError_t run_forward_hopper(const ForwardParams& p, const Policy& pol, const 
       err = cudaGetLastError();
     }
     const cudaError_t ferr = cudaFreeAsync(hp.partial, p.stream);
+    if (err == cudaSuccess) err = ferr;
+  }
+  if (bounds != nullptr) {
+    const cudaError_t ferr = cudaFreeAsync(bounds, p.stream);
     if (err == cudaSuccess) err = ferr;
   }
   return err;
