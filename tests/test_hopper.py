@@ -131,18 +131,18 @@ def test_train_gradients(ms, rng, dim):
 
 
 def _balance_paths(monkeypatch, fn):
-    monkeypatch.delenv("MAXSIM_CUDA_HOPPER_BALANCE", raising=False)
+    """(opt-in balanced split, default equal-count split)"""
+    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_BALANCE", "1")
     balanced = fn()
-    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_BALANCE", "0")
-    plain = fn()
     monkeypatch.delenv("MAXSIM_CUDA_HOPPER_BALANCE")
+    plain = fn()
     return balanced, plain
 
 
 @pytest.mark.parametrize("dim", [128, 256])
 def test_balanced_split_changes_nothing(ms, monkeypatch, rng, dim):
-    """Ragged packed documents large enough for the work-balanced split of the steps (at
-    least 8 per CTA, 2^20 document rows): each pair is still computed whole by one
+    """Ragged packed documents large enough for the (opt-in) work-balanced split of the
+    steps (at least 8 per CTA, 2^20 document rows): each pair is still computed whole by one
     warpgroup, so the results are bit for bit those of the equal-count split, and agree with
     the mma.sync kernels. Query lengths vary; 600 of the documents are near-empty."""
     n_docs = 3000

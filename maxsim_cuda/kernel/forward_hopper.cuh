@@ -534,11 +534,13 @@ inline cudaError_t scratch_alloc(void** ptr, size_t bytes, cudaStream_t stream) 
 }
 
 // Work-balanced split (balance_set_major_steps) for documents cut by offsets, where the
-// rows per document can differ, once a call is large enough for the extra launch (~1 us of
-// GPU time, plus ~15 dependent index reads) not to show: at least 8 steps per CTA and 2^20
-// (set, document row) pairs. A step counts as kBalanceStepCost rows on top of its own (its
-// epilogue, its part-filled last tile). MAXSIM_CUDA_HOPPER_BALANCE=0 turns it off
-// (comparisons).
+// rows per document can differ: opt-in (MAXSIM_CUDA_HOPPER_BALANCE=1), for calls of at
+// least 8 steps per CTA and 2^20 (set, document row) pairs. A step counts as
+// kBalanceStepCost rows on top of its own (its epilogue, its part-filled last tile). Off by
+// default because it did not pay on the H100: ColPaliCorpus / ColBERTCorpus GPU-only within
+// run-to-run noise (0.316 -> 0.307 and 1.096 -> 1.031 ms in one A/B run, 0.303 / 1.039 in
+// the final benchmark against 0.299 / 0.993 unbalanced earlier that day), while eager
+// calls got ~50 us slower (the extra launch, the scratch, ~15 dependent index reads).
 constexpr int64_t kBalanceStepCost = 96;
 template <class Policy>
 bool wants_balanced_split(const ForwardParams& p, const Policy&, int64_t sets, int64_t steps, int64_t ctas) {
@@ -546,7 +548,7 @@ bool wants_balanced_split(const ForwardParams& p, const Policy&, int64_t sets, i
     return false;
   } else {
     const char* e = std::getenv("MAXSIM_CUDA_HOPPER_BALANCE");
-    if (e != nullptr && e[0] == '0') return false;
+    if (e == nullptr || e[0] != '1') return false;
     const int64_t work = sets * (p.d_rows + kBalanceStepCost * p.num_docs);  // no int64 overflow below
     return ctas + 1 <= 1024 && steps >= 8 * ctas && sets * p.d_rows >= (int64_t(1) << 20) &&
            work < (int64_t(1) << 50);
