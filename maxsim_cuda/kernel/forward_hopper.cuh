@@ -73,7 +73,6 @@ struct HopperShape {
   // A ring slot: streamed, the consumers' query chunks first, then the document chunk.
   static constexpr uint32_t kQueryInSlot = kStream ? kConsumers * kQueryBlockBytes : 0;
   static constexpr uint32_t kSlotBytes = kQueryInSlot + kDocBytes;
-  static constexpr int kResidentBlocks = kStream ? 1 : kConsumers;  // (streamed: an unused stub)
   static_assert(KD % 64 == 0 && KB >= 1 && KB <= 2, "KD");
 };
 
@@ -87,9 +86,16 @@ struct TileInfo {
 };
 constexpr int32_t kTileOk = 1, kTileLast = 2;
 
+// The resident shapes' query blocks (streamed shapes keep theirs in the ring slots).
+template <class Shape, bool = Shape::kStream>
+struct HopperQueryBlocks {
+  alignas(1024) unsigned char query[Shape::kConsumers][Shape::kQueryBlockBytes];
+};
 template <class Shape>
-struct HopperSmem {
-  alignas(1024) unsigned char query[Shape::kResidentBlocks][Shape::kStream ? 1024 : Shape::kQueryBlockBytes];
+struct HopperQueryBlocks<Shape, true> {};
+
+template <class Shape>
+struct HopperSmem : HopperQueryBlocks<Shape> {
   alignas(1024) unsigned char slot[Shape::kStages][Shape::kSlotBytes];
   TileInfo info[Shape::kStages];
   uint64_t full[Shape::kStages], empty[Shape::kStages], qfull, qempty;
@@ -115,7 +121,6 @@ struct HopperParams {
   int64_t sets;        // sets of kConsumers consecutive blocks; steps are (set, document), set-major
   int kchunks;         // streamed shapes: 64-column K-chunks per tile (ceil(dim / 64))
   float* partial;      // nchunks > 1: [Nq * nchunks, Nb] chunk sums
-  const int64_t* bounds;  // null, or CTA k's steps [bounds[k], bounds[k+1]) (balance_set_major_steps)
   EpilogueArgs ep;
 };
 
@@ -403,8 +408,7 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t pad = ((smem_addr(smem_raw) + 1023u) & ~1023u) - smem_addr(smem_raw);
   auto& sm = *reinterpret_cast<HopperSmem<Shape>*>(smem_raw + pad);
-  const StepRange range = hp.bounds != nullptr ? StepRange{hp.bounds[blockIdx.x], hp.bounds[blockIdx.x + 1]}
-                                                : cta_steps(hp.sets * hp.pol.Nb, gridDim.x, blockIdx.x);
+  const StepRange range = cta_steps(hp.sets * hp.pol.Nb, gridDim.x, blockIdx.x);
   if (range.begin >= range.end) return;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Shape::kStages; ++s) {
@@ -470,6 +474,36 @@ bool encode_rows_map(CUtensorMap& map, const void* base, int64_t rows, int64_t d
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// encode_rows_map through a small per-thread cache: an inference loop or a training step
+// passes the same tensors (or tensors at the same addresses) call after call, and the map
+// depends only on the address, the extents, the box and the type.
+template <class T>
+bool rows_map(CUtensorMap& map, const void* base, int64_t rows, int64_t dim, int box_rows) {
+  struct Entry {
+    const void* base = nullptr;
+    int64_t rows = 0, dim = 0;
+    int box_rows = 0;
+    CUtensorMap map;
+  };
+  thread_local Entry cache[8];
+  thread_local int next = 0;
+  for (const Entry& e : cache) {
+    if (e.base == base && e.rows == rows && e.dim == dim && e.box_rows == box_rows) {
+      map = e.map;
+      return true;
+    }
+  }
+  if (!encode_rows_map<T>(map, base, rows, dim, box_rows)) return false;
+  Entry& e = cache[next];
+  next = (next + 1) % 8;
+  e.base = base;
+  e.rows = rows;
+  e.dim = dim;
+  e.box_rows = box_rows;
+  e.map = map;
+  return true;
+}
+
 // Whether the Hopper kernel takes this call (else the caller runs the mma.sync kernels).
 // dim <= 128 runs the resident shapes, anything wider the streamed ones.
 inline bool hopper_contrastive_applies(const ForwardParams& p) {
@@ -533,34 +567,12 @@ inline cudaError_t scratch_alloc(void** ptr, size_t bytes, cudaStream_t stream) 
   return cudaMallocFromPoolAsync(ptr, bytes, pool, stream);
 }
 
-// Work-balanced split (balance_set_major_steps) for documents cut by offsets, where the
-// rows per document can differ: opt-in (MAXSIM_CUDA_HOPPER_BALANCE=1), for calls of at
-// least 8 steps per CTA and 2^20 (set, document row) pairs. A step counts as
-// kBalanceStepCost rows on top of its own (its epilogue, its part-filled last tile). Off by
-// default because it did not pay on the H100: ColPaliCorpus / ColBERTCorpus GPU-only within
-// run-to-run noise (0.316 -> 0.307 and 1.096 -> 1.031 ms in one A/B run, 0.303 / 1.039 in
-// the final benchmark against 0.299 / 0.993 unbalanced earlier that day), while eager
-// calls got ~50 us slower (the extra launch, the scratch, ~15 dependent index reads).
-constexpr int64_t kBalanceStepCost = 96;
-template <class Policy>
-bool wants_balanced_split(const ForwardParams& p, const Policy&, int64_t sets, int64_t steps, int64_t ctas) {
-  if constexpr (!std::is_same_v<Policy, ContrastivePolicy>) {
-    return false;
-  } else {
-    const char* e = std::getenv("MAXSIM_CUDA_HOPPER_BALANCE");
-    if (e == nullptr || e[0] != '1') return false;
-    const int64_t work = sets * (p.d_rows + kBalanceStepCost * p.num_docs);  // no int64 overflow below
-    return ctas + 1 <= 1024 && steps >= 8 * ctas && sets * p.d_rows >= (int64_t(1) << 20) &&
-           work < (int64_t(1) << 50);
-  }
-}
-
 template <class T, class Shape, class Policy>
 cudaError_t run_forward_hopper(const ForwardParams& p, const Policy& pol, const EpilogueArgs& ep, bool& ran) {
   ran = false;
   CUtensorMap qmap, dmap;
-  if (!encode_rows_map<T>(qmap, p.queries, p.q_rows, p.dim, Shape::BM) ||
-      !encode_rows_map<T>(dmap, p.documents, p.d_rows, p.dim, Shape::BN)) {
+  if (!rows_map<T>(qmap, p.queries, p.q_rows, p.dim, Shape::BM) ||
+      !rows_map<T>(dmap, p.documents, p.d_rows, p.dim, Shape::BN)) {
     return cudaSuccess;  // not taken: the mma.sync kernels run instead
   }
   static_assert(Shape::BM == 64, "hopper_blocks counts 64-row blocks");
@@ -575,7 +587,6 @@ cudaError_t run_forward_hopper(const ForwardParams& p, const Policy& pol, const 
   // when the documents do not fit in L2).
   hp.sets = (hp.blocks + Shape::kConsumers - 1) / Shape::kConsumers;
   hp.partial = nullptr;
-  hp.bounds = nullptr;
   hp.ep = ep;
   const int64_t steps = hp.sets * pol.Nb;
   if (steps <= 0) {
@@ -594,36 +605,15 @@ cudaError_t run_forward_hopper(const ForwardParams& p, const Policy& pol, const 
     configured[dev & 63] = true;
   }
   const int64_t ctas = plan_ctas(steps, p.num_sms, 1);
-  // Stream-ordered scratch (capturable in a CUDA graph): long queries' chunk sums, and the
-  // CTAs' step bounds when the split is balanced.
+  // Long queries' chunk sums: stream-ordered scratch (capturable in a CUDA graph).
   const size_t partial_bytes = hp.nchunks > 1 ? size_t(hp.blocks) * size_t(pol.Nb) * sizeof(float) : 0;
-  const bool balance = wants_balanced_split(p, pol, hp.sets, steps, ctas);
-  int64_t* bounds = nullptr;
   if (partial_bytes > 0) {
     err = scratch_alloc(reinterpret_cast<void**>(&hp.partial), partial_bytes, p.stream);
     if (err != cudaSuccess) return err;
   }
-  if (balance) {
-    err = scratch_alloc(reinterpret_cast<void**>(&bounds), size_t(ctas + 1) * sizeof(int64_t), p.stream);
-    if (err != cudaSuccess) {
-      if (hp.partial != nullptr) cudaFreeAsync(hp.partial, p.stream);
-      return err;
-    }
-  }
-  hp.bounds = bounds;
   ran = true;
-  if constexpr (std::is_same_v<Policy, ContrastivePolicy>) {
-    if (balance) {
-      const unsigned threads = static_cast<unsigned>((ctas + 1 + 31) / 32 * 32);
-      balance_set_major_steps<<<1, threads, 0, p.stream>>>(pol.docs, pol.Nb, hp.sets, kBalanceStepCost,
-                                                           static_cast<int>(ctas), bounds);
-      err = cudaGetLastError();
-    }
-  }
-  if (err == cudaSuccess) {
-    kern<<<static_cast<unsigned>(ctas), Shape::kThreads, smem, p.stream>>>(hp, qmap, dmap);
-    err = cudaGetLastError();
-  }
+  kern<<<static_cast<unsigned>(ctas), Shape::kThreads, smem, p.stream>>>(hp, qmap, dmap);
+  err = cudaGetLastError();
   if (partial_bytes > 0) {
     if (err == cudaSuccess) {
       const int64_t pairs = pol.Nq * pol.Nb;
@@ -632,10 +622,6 @@ cudaError_t run_forward_hopper(const ForwardParams& p, const Policy& pol, const 
       err = cudaGetLastError();
     }
     const cudaError_t ferr = cudaFreeAsync(hp.partial, p.stream);
-    if (err == cudaSuccess) err = ferr;
-  }
-  if (bounds != nullptr) {
-    const cudaError_t ferr = cudaFreeAsync(bounds, p.stream);
     if (err == cudaSuccess) err = ferr;
   }
   return err;

@@ -121,12 +121,6 @@ struct OffsetDocuments {
   __device__ __forceinline__ bool rows(int64_t n, int64_t& row0, int64_t& len) const {
     return segment(doffs, n, Nb, T, row0, len);
   }
-  // Rows of documents 0 .. n-1 (n <= Nb), clamped to [0, T]: the scheduler's work prefix.
-  __device__ __forceinline__ int64_t operator()(int64_t n) const {
-    bool ok0, ok;
-    const int64_t v = doffs.fetch(n, ok) - doffs.fetch(0, ok0);
-    return clamp64(v, 0, T);
-  }
 };
 struct PaddedDocuments {
   IndexView dlens;

@@ -50,51 +50,6 @@ struct GroupedOrder {
   }
 };
 
-// Work-balanced split of set-major steps (s = set * nb + n) over `ctas` CTAs, for ragged
-// documents: equal step counts can leave a CTA with far more document rows than another
-// (ColPaliCorpus, 31 documents of 257..1030 rows per CTA: the longest CTA ~15% over the
-// mean, and it decides the kernel's time). Work before step s is
-//   set * W(nb) + W(n),  W(n) = rows_before(n) + step_cost * n,
-// rows_before a prefix count (document offsets). One CTA, thread k <= ctas: bounds[k] = the
-// first step whose work reaches k / ctas of the total (bisection), then a prefix maximum,
-// so that even offsets that are not sorted (bad input) give a partition of the steps.
-template <class RowsBefore>
-__global__ void balance_set_major_steps(RowsBefore rows_before, int64_t nb, int64_t sets, int64_t step_cost,
-                                        int ctas, int64_t* bounds) {
-  __shared__ int64_t b[1024];
-  const int k = threadIdx.x;
-  auto work = [&](int64_t n) { return rows_before(n) + step_cost * n; };
-  const int64_t total_steps = sets * nb;
-  int64_t v = 0;
-  if (k >= ctas) {
-    v = total_steps;
-  } else if (k > 0) {
-    const int64_t per_set = work(nb);
-    const int64_t target = per_set * sets / ctas * k + per_set * sets % ctas * k / ctas;
-    const int64_t set = target / per_set;
-    if (set >= sets) {
-      v = total_steps;
-    } else {
-      const int64_t r = target - set * per_set;
-      int64_t lo = 0, hi = nb;
-      while (lo < hi) {
-        const int64_t mid = lo + (hi - lo) / 2;
-        if (work(mid) >= r) hi = mid; else lo = mid + 1;
-      }
-      v = set * nb + lo;
-    }
-  }
-  b[k] = v < 0 ? 0 : (v > total_steps ? total_steps : v);
-  __syncthreads();
-  for (int d = 1; d < blockDim.x; d *= 2) {  // inclusive prefix maximum
-    const int64_t other = k >= d ? b[k - d] : 0;
-    __syncthreads();
-    if (other > b[k]) b[k] = other;
-    __syncthreads();
-  }
-  if (k <= ctas) bounds[k] = b[k];
-}
-
 // Host side: CTAs for a persistent launch.
 inline int64_t plan_ctas(int64_t steps, int num_sms, int ctas_per_sm) {
   int64_t resident = static_cast<int64_t>(num_sms > 0 ? num_sms : 1) * (ctas_per_sm > 0 ? ctas_per_sm : 1);
