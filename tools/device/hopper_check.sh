@@ -2,7 +2,8 @@
 # One device call for the sm_90a contrastive kernel: build for sm_90a only, its targeted
 # tests (each with a time limit, so a hung pipeline cannot eat the call), then the forward
 # shapes and training pieces with the Hopper kernel and with MAXSIM_CUDA_FORCE_MMA_SYNC=1.
-# Carry .whl. TESTS overrides the test selection; PROBE the overhead.py modes.
+# Carry .whl. TESTS overrides the test selection; PROBE the overhead.py modes; BENCH_WL runs
+# benchmarks/compare.py on those workloads (both peers) once per VARIANTS entry.
 set -uo pipefail
 source tools/device/setup.sh
 export MAXSIM_CUDA_ARCHS=${MAXSIM_CUDA_ARCHS:-9.0a}
@@ -20,3 +21,12 @@ for mode in ${PROBE:-kernels split}; do
     env $envs timeout 180 python3 tools/device/overhead.py $mode 2>&1 | tee -a "$OUT/probe_$name.log"
   done
 done
+if [[ -n ${BENCH_WL:-} ]]; then
+  for v in ${VARIANTS:-hopper mma.sync=MAXSIM_CUDA_FORCE_MMA_SYNC=1}; do
+    name=${v%%=*}; envs=""; [[ $v == *=* ]] && envs=${v#*=}
+    echo "== $name: compare.py"
+    env $envs timeout ${BENCH_LIMIT:-240} python3 benchmarks/compare.py --device cuda --workloads "$BENCH_WL" \
+      --iters ${ITERS:-30} --warmup 5 --json "$OUT/bench_$name.json" > "$OUT/bench_$name.log" 2>&1
+    echo "rc=$?"; grep -E "^  [A-Za-z]" "$OUT/bench_$name.log" | cut -c1-170
+  done
+fi

@@ -7,6 +7,7 @@ and GPU-only time (CUDA-graph replay), for maxsim and for the raw ops under it.
     python3 tools/device/overhead.py once NAME  # one forward + backward of a training workload (for ncu)
     python3 tools/device/overhead.py kernels    # GPU time (graph replay) of the forward on the issue-9 shapes
     python3 tools/device/overhead.py call NAME LAYOUT  # one forward call of a workload (for ncu)
+    python3 tools/device/overhead.py floor      # eager - graph time of the cheapest calls (host floor)
 
 An eager time close to the host time means the call is host-bound; the graph time is what
 the kernels cost. Add `profile` for a torch.profiler table of the training step.
@@ -126,6 +127,30 @@ def kernels_probe():
         print(f"{name:18s} {layout:6s} graph {us:8.1f} us", flush=True)
 
 
+def floor_probe():
+    """What an eager call costs beyond its kernel when the kernel is negligible: one torch
+    elementwise launch, a torch.empty + launch, and maxsim's padded and packed calls on one
+    1-row pair. Eager here is timed like benchmarks/compare.py (events around one call, then
+    a sync), so eager - graph is the host time from the call to its kernel's start."""
+    t = torch.zeros(1, device="cuda")
+    q = torch.randn(1, 1, 8, device="cuda", dtype=torch.float16)
+    d = torch.randn(1, 1, 1, 8, device="cuda", dtype=torch.float16)
+    ql = torch.ones(1, dtype=torch.int32, device="cuda")
+    dl = torch.ones(1, 1, dtype=torch.int32, device="cuda")
+    off = torch.tensor([0, 1], dtype=torch.int32, device="cuda")
+    pid = torch.zeros(1, dtype=torch.int32, device="cuda")
+    calls = {
+        "torch add_ (1 launch)": lambda: t.add_(1),
+        "torch empty + fill_": lambda: torch.empty(1, device="cuda").fill_(1),
+        "maxsim padded 1x1x1x1": lambda: maxsim.score_candidates_padded(q, d, ql, dl),
+        "maxsim packed 1 pair": lambda: maxsim.score_pairs_packed(q[0], off, d[0, 0], off, pid, pid),
+        "raw padded op": lambda: ops.padded_forward(q, d, ql, dl, False),
+    }
+    for name, fn in calls.items():
+        e, g = events(fn), graph(fn)
+        print(f"{name:26s} eager {e:6.1f} us  graph {g:6.1f} us  eager - graph {e - g:6.1f} us", flush=True)
+
+
 def call(name, layout):
     x = W.build_inputs(W.WORKLOADS[name], "cuda", layout=layout)
     W.maxsim_call(maxsim, x)
@@ -147,6 +172,8 @@ if __name__ == "__main__":
         sys.exit(0)
     if "kernels" in args:
         kernels_probe()
+    if "floor" in args:
+        floor_probe()
     if args[0] == "once":
         once(args[1])
         sys.exit(0)
