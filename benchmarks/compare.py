@@ -29,8 +29,11 @@ Eager and GPU-only time (CUDA). The eager time ("ms") is CUDA events around one 
 Python issues it, so it includes launch overhead: the Python wrapper, argument checks and
 kernel launches, which dominate small workloads. The GPU-only time ("graph_ms") removes
 that: the same callable, closed over the same input tensors, is warmed up (3 calls) on a
-side stream, captured once in a torch.cuda.CUDAGraph, and the replays are timed with CUDA
-events (same --warmup / --iters; median, and min in "graph_min_ms"). A call that cannot be
+side stream, captured in a torch.cuda.CUDAGraph, and the replays are timed with CUDA
+events (same --warmup / --iters; median, and min in "graph_min_ms"). A graph holds
+"graph_calls" calls back to back (enough for ~1 ms of eager time, at most 32) and the times
+are per call: timing one call per replay would count the host's launch of the graph, 5-15 us
+on an H100, as GPU time, which is most of a small call's. A call that cannot be
 captured (a host sync inside it, a peer that launches outside the current stream) gets
 graph_ms null and the reason in "graph_error"; the run goes on. Training rows capture the
 whole step (forward + torch.autograd.grad). The replay's scores are checked against
@@ -241,16 +244,24 @@ def cuda_peak_bytes(fn):
 
 
 # Graph fields of an implementation whose GPU-only time was not measured.
-NO_GRAPH = dict(graph_ms=None, graph_min_ms=None, graph_error=None, graph_max_err=None)
+NO_GRAPH = dict(graph_ms=None, graph_min_ms=None, graph_error=None, graph_max_err=None, graph_calls=None)
 
 
-def _capture(fn, side):
-    """One call of fn captured into a new CUDAGraph on stream `side`; returns (graph, output)."""
+def graph_calls(eager_ms):
+    """Calls captured back to back in one graph: enough that a replay runs ~1 ms of eager
+    time, so the host's launch of the graph (~5-15 us) stops counting as GPU time."""
+    return max(1, min(32, int(1.0 / eager_ms))) if eager_ms else 1
+
+
+def _capture(fn, side, calls=1):
+    """`calls` calls of fn captured into a new CUDAGraph on stream `side`; returns (graph,
+    the last call's output)."""
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(side):
         graph.capture_begin()
         try:
-            out = fn()
+            for _ in range(calls):
+                out = fn()
         except BaseException:
             # torch.cuda.graph's __exit__ would raise from capture_end and skip restoring the
             # current stream; ending the capture here takes the stream out of capture mode
@@ -270,7 +281,7 @@ def _capture(fn, side):
     return graph, out
 
 
-def _replay_times(fn, warmup, iters, expected):
+def _replay_times(fn, warmup, iters, expected, calls):
     side = torch.cuda.Stream()
     # Warm up on the capture stream: one-time work (cuBLAS workspaces are per stream, Triton
     # compiles and autotunes, the allocator grows) must happen before the capture.
@@ -281,21 +292,23 @@ def _replay_times(fn, warmup, iters, expected):
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     torch.cuda.empty_cache()   # what the warm-up cached on `side` cannot serve the graph's pool
-    graph, out = _capture(fn, side)
+    graph, out = _capture(fn, side, calls)
     times = []
-    ms = time_ms(graph.replay, "cuda", warmup, iters, all_times=times)
-    return dict(graph_ms=ms, graph_min_ms=min(times), graph_error=None,
-                graph_max_err=float((out.float() - expected).abs().max()))
+    time_ms(graph.replay, "cuda", warmup, iters, all_times=times)
+    times = [t / calls for t in times]
+    return dict(graph_ms=statistics.median(times), graph_min_ms=min(times), graph_error=None,
+                graph_max_err=float((out.float() - expected).abs().max()), graph_calls=calls)
 
 
-def graph_times(fn, warmup, iters, expected):
-    """GPU-only time of fn (CUDA): graph_ms, graph_min_ms, graph_max_err, graph_error.
+def graph_times(fn, warmup, iters, expected, calls=1):
+    """GPU-only time of one call of fn (CUDA): graph_ms, graph_min_ms, graph_max_err,
+    graph_error, graph_calls (calls per captured graph; the times are per call).
 
     fn is called as is, so the graph reads and writes the very tensors it closes over, and
     its replays compute what the eager calls did (graph_max_err checks the scores).
     """
     try:
-        r = _replay_times(fn, warmup, iters, expected)
+        r = _replay_times(fn, warmup, iters, expected, calls)
     except Exception as e:  # noqa: BLE001 - an uncapturable call is a result, not a crash
         r = dict(NO_GRAPH, graph_error=_reason(e))
         try:
@@ -447,7 +460,8 @@ def run(args):
                     r["peak_bytes"] = cuda_peak_bytes(fn) if device == "cuda" else \
                         cpu_peak_bytes(w.name, dt, layout, name, args.kernel)
                 # After the memory measurement: the graph's pool must not count as peak.
-                r.update(graph_times(fn, args.warmup, args.iters, expected) if graph else NO_GRAPH)
+                r.update(graph_times(fn, args.warmup, args.iters, expected, graph_calls(r["ms"]))
+                         if graph else NO_GRAPH)
                 del fn
             except Exception as e:  # noqa: BLE001 - a peer failing is a result, not a crash
                 r = dict(na=_reason(e), **NO_GRAPH)
@@ -541,7 +555,8 @@ def markdown(device, floors, results, impls):
                     else "(peak RSS growth over one call in a fresh subprocess)"))
     if graph:
         lines.append("eager = CUDA events around one call issued from Python (launch overhead "
-                     "included); GPU-only = the same call captured in a CUDA graph, replayed")
+                     "included); GPU-only = the same call captured in a CUDA graph (several "
+                     "calls back to back for small ones), replayed, per call")
     return "\n".join(lines)
 
 

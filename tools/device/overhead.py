@@ -7,7 +7,8 @@ and GPU-only time (CUDA-graph replay), for maxsim and for the raw ops under it.
     python3 tools/device/overhead.py once NAME  # one forward + backward of a training workload (for ncu)
     python3 tools/device/overhead.py kernels    # GPU time (graph replay) of the forward on the issue-9 shapes
     python3 tools/device/overhead.py call NAME LAYOUT  # one forward call of a workload (for ncu)
-    python3 tools/device/overhead.py floor      # eager - graph time of the cheapest calls (host floor)
+    python3 tools/device/overhead.py floor      # eager - GPU time of the cheapest calls (host floor)
+    python3 tools/device/overhead.py ab ENV=VALUE NAME:LAYOUT ...  # GPU time with / without a knob
 
 An eager time close to the host time means the call is host-bound; the graph time is what
 the kernels cost. Add `profile` for a torch.profiler table of the training step.
@@ -47,7 +48,7 @@ def host(fn, n=500):
     return host_us
 
 
-def graph(fn):
+def capture(fn, calls=1):
     s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         for _ in range(3):
@@ -55,8 +56,15 @@ def graph(fn):
     torch.cuda.current_stream().wait_stream(s)
     gr = torch.cuda.CUDAGraph()
     with torch.cuda.graph(gr):
-        fn()
-    return events(gr.replay)
+        for _ in range(calls):
+            fn()
+    return gr
+
+
+def graph(fn, calls=1):
+    """GPU time per call: `calls` calls in one graph (more than one keeps the host's launch
+    of the graph out of small calls' times), replays timed with events."""
+    return events(capture(fn, calls).replay) / calls
 
 
 def report(name, fn):
@@ -147,8 +155,33 @@ def floor_probe():
         "raw padded op": lambda: ops.padded_forward(q, d, ql, dl, False),
     }
     for name, fn in calls.items():
-        e, g = events(fn), graph(fn)
-        print(f"{name:26s} eager {e:6.1f} us  graph {g:6.1f} us  eager - graph {e - g:6.1f} us", flush=True)
+        e, g1, g = events(fn), graph(fn), graph(fn, 20)
+        print(f"{name:26s} eager {e:6.1f} us  graph of 1 call {g1:6.1f} us  per call of 20 {g:6.1f} us  "
+              f"eager - GPU {e - g:6.1f} us", flush=True)
+
+
+def ab_probe(setting, shapes):
+    """GPU time per call with and without one environment setting (ENV=VALUE, read per call
+    by the kernels' launchers), both graphs captured in this process and replayed in
+    alternating rounds so that clocks and neighbours hit both alike."""
+    import os
+    key, value = setting.split("=", 1)
+    for shape in shapes:
+        name, layout = shape.split(":")
+        x = W.build_inputs(W.WORKLOADS[name], "cuda", layout=layout)
+        fn = lambda: W.maxsim_call(maxsim, x)  # noqa: E731
+        calls = 20
+        os.environ.pop(key, None)
+        base = capture(fn, calls)
+        os.environ[key] = value
+        cand = capture(fn, calls)
+        os.environ.pop(key, None)
+        a, b = [], []
+        for _ in range(5):
+            a.append(events(base.replay, 20) / calls)
+            b.append(events(cand.replay, 20) / calls)
+        a, b = sorted(a)[2], sorted(b)[2]
+        print(f"{name:20s} {layout:6s} default {a:8.2f} us   {setting} {b:8.2f} us   ratio {b / a:5.3f}", flush=True)
 
 
 def call(name, layout):
@@ -174,6 +207,9 @@ if __name__ == "__main__":
         kernels_probe()
     if "floor" in args:
         floor_probe()
+    if args[0] == "ab":
+        ab_probe(args[1], args[2:])
+        sys.exit(0)
     if args[0] == "once":
         once(args[1])
         sys.exit(0)
