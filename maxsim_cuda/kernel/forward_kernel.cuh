@@ -247,11 +247,13 @@ cudaError_t run_forward(const Policy& pol, const FwdArgs<typename ML::Elem>& a, 
 
 // Parts per pair for SplitDocs; 1 keeps pairs whole. Split only when at least half the
 // resident CTAs would otherwise idle, into as many parts as fill them, each part at least
-// two tiles of an average document. MAXSIM_CUDA_DOC_SPLIT=0 keeps pairs whole (comparisons;
-// read per call).
+// two tiles of an average document. MAXSIM_CUDA_DOC_SPLIT=N (read per call, for
+// comparisons): 0 keeps pairs whole, N >= 2 cuts every pair into N parts.
 inline int64_t doc_parts(int64_t pairs, int64_t resident, int64_t avg_rows, int64_t tile_rows) {
-  const char* e = std::getenv("MAXSIM_CUDA_DOC_SPLIT");
-  if (e != nullptr && e[0] == '0') return 1;
+  if (const char* e = std::getenv("MAXSIM_CUDA_DOC_SPLIT")) {
+    const long n = std::strtol(e, nullptr, 10);
+    if (n == 0 || n >= 2) return n >= 2 && n <= 64 ? n : 1;
+  }
   if (pairs <= 0 || pairs * 2 > resident || tile_rows <= 0) return 1;
   int64_t k = resident / pairs;
   const int64_t by_rows = avg_rows / (2 * tile_rows);

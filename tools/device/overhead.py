@@ -8,7 +8,7 @@ and GPU-only time (CUDA-graph replay), for maxsim and for the raw ops under it.
     python3 tools/device/overhead.py kernels    # GPU time (graph replay) of the forward on the issue-9 shapes
     python3 tools/device/overhead.py call NAME LAYOUT  # one forward call of a workload (for ncu)
     python3 tools/device/overhead.py floor      # eager - GPU time of the cheapest calls (host floor)
-    python3 tools/device/overhead.py ab ENV=VALUE NAME:LAYOUT ...  # GPU time with / without a knob
+    python3 tools/device/overhead.py ab ENV=V[,ENV=V..] NAME:LAYOUT ...  # GPU time with / without knobs
 
 An eager time close to the host time means the call is host-bound; the graph time is what
 the kernels cost. Add `profile` for a torch.profiler table of the training step.
@@ -160,28 +160,30 @@ def floor_probe():
               f"eager - GPU {e - g:6.1f} us", flush=True)
 
 
-def ab_probe(setting, shapes):
-    """GPU time per call with and without one environment setting (ENV=VALUE, read per call
-    by the kernels' launchers), both graphs captured in this process and replayed in
-    alternating rounds so that clocks and neighbours hit both alike."""
+def ab_probe(settings, shapes):
+    """GPU time per call by default and with each environment setting (ENV=VALUE, comma-
+    separated; read per call by the kernels' launchers), every graph captured in this
+    process and replayed in alternating rounds so that clocks and neighbours hit all alike."""
     import os
-    key, value = setting.split("=", 1)
+    settings = settings.split(",")
     for shape in shapes:
         name, layout = shape.split(":")
         x = W.build_inputs(W.WORKLOADS[name], "cuda", layout=layout)
         fn = lambda: W.maxsim_call(maxsim, x)  # noqa: E731
-        calls = 20
-        os.environ.pop(key, None)
-        base = capture(fn, calls)
-        os.environ[key] = value
-        cand = capture(fn, calls)
-        os.environ.pop(key, None)
-        a, b = [], []
+        calls, graphs = 20, {}
+        for setting in ["default"] + settings:
+            key, value = setting.split("=", 1) if "=" in setting else (None, None)
+            if key:
+                os.environ[key] = value
+            graphs[setting] = capture(fn, calls)
+            if key:
+                os.environ.pop(key)
+        times = {k: [] for k in graphs}
         for _ in range(5):
-            a.append(events(base.replay, 20) / calls)
-            b.append(events(cand.replay, 20) / calls)
-        a, b = sorted(a)[2], sorted(b)[2]
-        print(f"{name:20s} {layout:6s} default {a:8.2f} us   {setting} {b:8.2f} us   ratio {b / a:5.3f}", flush=True)
+            for k, gr in graphs.items():
+                times[k].append(events(gr.replay, 20) / calls)
+        line = "  ".join(f"{k} {sorted(v)[2]:7.2f}" for k, v in times.items())
+        print(f"{name:20s} {layout:6s} us per call: {line}", flush=True)
 
 
 def call(name, layout):
