@@ -9,18 +9,15 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <type_traits>
 
 #include "../launch.h"
-#include "doc_split.cuh"
 #include "epilogue.cuh"
 #include "mainloop_mma.cuh"
 #include "mainloop_mma_k.cuh"
 #include "mainloop_simt.cuh"
 #include "policies.cuh"
 #include "scheduler.cuh"
-#include "scratch.cuh"
 
 namespace maxsim_cuda {
 namespace kernel {
@@ -195,11 +192,7 @@ __global__ void __launch_bounds__(ML::kThreads, ML::kMinBlocks)
     }
     if (cons.tile + 1 == cons.ntiles && last_k) {
       ml.reduce(epi.red_m, epi.red_i);
-      if constexpr (IsSplitDocs<Policy>::value) {
-        finish_part<Acc, BM, ML::kSlots, ML::kThreads>(epi, cons.d, cons.chunk, pol);
-      } else {
-        finish_chunk<Acc, BM, ML::kSlots, ML::kThreads>(epi, cons.d, cons.chunk, cons.nchunks, carry, a.ep);
-      }
+      finish_chunk<Acc, BM, ML::kSlots, ML::kThreads>(epi, cons.d, cons.chunk, cons.nchunks, carry, a.ep);
     }
     cons.advance(pol);
     stage = (stage + 1) % S;
@@ -207,10 +200,11 @@ __global__ void __launch_bounds__(ML::kThreads, ML::kMinBlocks)
   if constexpr (ML::kPipelined) cp_async_wait<0>();
 }
 
-// Resident CTAs per SM of one kernel instantiation, cached per device (the shared-memory
-// opt-in is set on first use).
+// Per-device cache of the launch configuration of one kernel instantiation.
 template <class ML, class Policy>
-cudaError_t forward_occupancy(int& occ_out) {
+cudaError_t run_forward(const Policy& pol, const FwdArgs<typename ML::Elem>& a, int num_sms, cudaStream_t stream) {
+  const int64_t steps = pol.steps();
+  if (steps <= 0) return cudaSuccess;
   auto kern = maxsim_forward_kernel<ML, Policy>;
   constexpr size_t smem = FwdSmem<ML, Policy>::bytes();
   static int occupancy[64] = {0};
@@ -228,68 +222,9 @@ cudaError_t forward_occupancy(int& occ_out) {
     if (err != cudaSuccess) return err;
     occ = o > 0 ? o : 1;
   }
-  occ_out = occ;
-  return cudaSuccess;
-}
-
-template <class ML, class Policy>
-cudaError_t run_forward(const Policy& pol, const FwdArgs<typename ML::Elem>& a, int num_sms, cudaStream_t stream) {
-  const int64_t steps = pol.steps();
-  if (steps <= 0) return cudaSuccess;
-  int occ = 1;
-  cudaError_t err = forward_occupancy<ML, Policy>(occ);
-  if (err != cudaSuccess) return err;
   const int64_t ctas = plan_ctas(steps, num_sms, occ);
-  maxsim_forward_kernel<ML, Policy>
-      <<<static_cast<unsigned>(ctas), ML::kThreads, FwdSmem<ML, Policy>::bytes(), stream>>>(pol, a);
+  kern<<<static_cast<unsigned>(ctas), ML::kThreads, smem, stream>>>(pol, a);
   return cudaGetLastError();
-}
-
-// Parts per pair for SplitDocs; 1 keeps pairs whole. Split only when at least half the
-// resident CTAs would otherwise idle, into as many parts as fill them, each part at least
-// two tiles of an average document. MAXSIM_CUDA_DOC_SPLIT=N (read per call, for
-// comparisons): 0 keeps pairs whole, N >= 2 cuts every pair into N parts.
-inline int64_t doc_parts(int64_t pairs, int64_t resident, int64_t avg_rows, int64_t tile_rows) {
-  if (const char* e = std::getenv("MAXSIM_CUDA_DOC_SPLIT")) {
-    const long n = std::strtol(e, nullptr, 10);
-    if (n == 0 || n >= 2) return n >= 2 && n <= 64 ? n : 1;
-  }
-  if (pairs <= 0 || pairs * 2 > resident || tile_rows <= 0) return 1;
-  int64_t k = resident / pairs;
-  const int64_t by_rows = avg_rows / (2 * tile_rows);
-  if (k > by_rows) k = by_rows;
-  if (k > 16) k = 16;
-  return k >= 2 ? k : 1;
-}
-
-// The padded / packed launch: whole pairs, or SplitDocs parts plus merge_doc_parts when the
-// pairs are too few for the GPU (doc_parts). avg_rows: an average document's rows; width:
-// the most query rows a pair may have (argmax row width).
-template <class ML, class Base>
-cudaError_t run_forward_pairs(const Base& pol, const FwdArgs<typename ML::Elem>& a, const ForwardParams& p,
-                              int64_t avg_rows, int64_t width) {
-  using Acc = typename ML::Acc;
-  const int64_t pairs = pol.steps();
-  if (pairs <= 0 || width <= 0) return run_forward<ML>(pol, a, p.num_sms, p.stream);
-  int occ = 1;
-  cudaError_t err = forward_occupancy<ML, SplitDocs<Base>>(occ);
-  if (err != cudaSuccess) return err;
-  const int64_t parts = doc_parts(pairs, int64_t(p.num_sms > 0 ? p.num_sms : 1) * occ, avg_rows, ML::BN);
-  if (parts < 2) return run_forward<ML>(pol, a, p.num_sms, p.stream);
-  const size_t cells = size_t(pairs) * size_t(parts) * size_t(width);
-  if (cells > (size_t(8) << 20)) return run_forward<ML>(pol, a, p.num_sms, p.stream);  // > 64 MB of partials
-  void* buf = nullptr;
-  err = scratch_alloc(&buf, cells * (sizeof(Acc) + sizeof(int32_t)), p.stream);
-  if (err != cudaSuccess) return err;
-  SplitDocs<Base> sp{pol, parts, ML::BN, width, buf,
-                     reinterpret_cast<int32_t*>(static_cast<char*>(buf) + cells * sizeof(Acc))};
-  err = run_forward<ML>(sp, a, p.num_sms, p.stream);
-  if (err == cudaSuccess) {
-    merge_doc_parts<Acc, Base><<<static_cast<unsigned>((pairs + 3) / 4), 128, 0, p.stream>>>(sp, a.ep);
-    err = cudaGetLastError();
-  }
-  const cudaError_t ferr = cudaFreeAsync(buf, p.stream);
-  return err != cudaSuccess ? err : ferr;
 }
 
 // ---- policy construction from the plain params ----
@@ -358,10 +293,7 @@ FwdArgs<T> make_args(const ForwardParams& p) {
 template <class ML, int SURF>
 cudaError_t run_surface(const ForwardParams& p) {
   const auto a = make_args<typename ML::Elem>(p);
-  // SplitDocs for the half-precision tensor-core mainloops (the shapes long documents take)
-  constexpr bool kSplittable = sizeof(typename ML::Elem) == 2 && std::is_same_v<typename ML::Acc, float>;
   if constexpr (SURF == 0) {
-    if constexpr (kSplittable) return run_forward_pairs<ML>(make_padded(p), a, p, p.ld, p.lq);
     return run_forward<ML>(make_padded(p), a, p.num_sms, p.stream);
   } else if constexpr (SURF == 1) {
     return run_forward<ML>(make_contrastive<ContrastivePolicy>(p, ML::BM), a, p.num_sms, p.stream);
@@ -369,11 +301,6 @@ cudaError_t run_surface(const ForwardParams& p) {
     return run_forward<ML>(make_contrastive<ContrastivePaddedPolicy>(p, ML::BM), a, p.num_sms,
                            p.stream);
   } else {
-    if constexpr (kSplittable) {
-      // Without max_q_len (plain scores) any query may be as long as all of them together.
-      const int64_t avg_doc = p.num_docs > 0 ? p.d_rows / p.num_docs : 0;
-      return run_forward_pairs<ML>(make_packed(p), a, p, avg_doc, p.max_q_len > 0 ? p.max_q_len : p.q_rows);
-    }
     return run_forward<ML>(make_packed(p), a, p.num_sms, p.stream);
   }
 }

@@ -71,7 +71,6 @@ struct StepDesc {
   int64_t out_stride;  // pair-index step between stacked segments
   int nseg;            // stacked query segments (contrastive may stack several queries)
   bool bad;            // ids/offsets out of range: NaN score, argmax -1
-  int64_t col0 = 0;    // document row of doc_row0 within its document (SplitDocs parts; else 0)
 };
 
 // padded: step s = b*C + c; one query per block.
