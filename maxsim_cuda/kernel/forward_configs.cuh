@@ -91,12 +91,33 @@ cudaError_t launch_contrastive_hopper_streamed(const ForwardParams& p, bool& ran
   return run_forward_hopper<T, HopperShape<64, 5, 3, true>>(p, pol, ep, ran);
 }
 
+// Padded (rerank) on sm_90a: one consumer warpgroup per CTA, its own query and documents,
+// a deep ring (rerank streams documents from HBM once: 192-208 KB in flight per SM).
+inline PaddedGrid make_padded_grid(const ForwardParams& p) {
+  return PaddedGrid{IndexView(p.query_lengths), IndexView(p.doc_lengths), p.num_queries, p.cands, p.lq, p.ld};
+}
+template <class T>
+cudaError_t launch_padded_hopper(const ForwardParams& p, bool& ran) {
+  const EpilogueArgs ep = make_args<T>(p).ep;
+  return p.dim <= 64 ? run_forward_hopper<T, HopperShape<64, 12, 1>>(p, make_padded_grid(p), ep, ran)
+                     : run_forward_hopper<T, HopperShape<128, 6, 1>>(p, make_padded_grid(p), ep, ran);
+}
+template <class T>
+cudaError_t launch_padded_hopper_streamed(const ForwardParams& p, bool& ran) {
+  return run_forward_hopper<T, HopperShape<64, 8, 1, true>>(p, make_padded_grid(p), make_args<T>(p).ep, ran);
+}
+
 template <class T, int SURF>
 cudaError_t launch_forward_mma(const ForwardParams& p) {
-  if constexpr (is_contrastive(SURF)) {
-    if (p.dim <= 128 && hopper_contrastive_applies(p)) {
+  if constexpr (is_contrastive(SURF) || SURF == 0) {
+    if (p.dim <= 128 && hopper_applies(p)) {
       bool ran = false;
-      const cudaError_t err = launch_contrastive_hopper<T, SURF>(p, ran);
+      cudaError_t err;
+      if constexpr (SURF == 0) {
+        err = launch_padded_hopper<T>(p, ran);
+      } else {
+        err = launch_contrastive_hopper<T, SURF>(p, ran);
+      }
       if (ran || err != cudaSuccess) return err;
     }
   }
@@ -185,10 +206,15 @@ struct MmaKRerankK128 { using type = MmaKMainloop<T, 32, 64, 2, 2, 128, 4, 2>; }
 // Explicitly instantiated per (dtype, surface) in forward_<dtype>_kchunk_<surface>.cu.
 template <class T, int SURF>
 cudaError_t launch_forward_mma_k(const ForwardParams& p) {
-  if constexpr (is_contrastive(SURF)) {
-    if (hopper_contrastive_applies(p)) {
+  if constexpr (is_contrastive(SURF) || SURF == 0) {
+    if (hopper_applies(p)) {
       bool ran = false;
-      const cudaError_t err = launch_contrastive_hopper_streamed<T, SURF>(p, ran);
+      cudaError_t err;
+      if constexpr (SURF == 0) {
+        err = launch_padded_hopper_streamed<T>(p, ran);
+      } else {
+        err = launch_contrastive_hopper_streamed<T, SURF>(p, ran);
+      }
       if (ran || err != cudaSuccess) return err;
     }
   }

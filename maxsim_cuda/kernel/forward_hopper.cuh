@@ -132,6 +132,12 @@ __device__ __forceinline__ int64_t block_row0(const HopperParams<Policy>& hp, in
   return q * hp.pol.Lq + (b - q * hp.nchunks) * 64;
 }
 
+// The query of block b (the first of its stacked queries).
+template <class Policy>
+__device__ __forceinline__ int64_t block_query(const HopperParams<Policy>& hp, int64_t b) {
+  return hp.nchunks == 1 ? b * hp.pol.G : div_nonneg(b, hp.nchunks);
+}
+
 // Epilogue of one 64-row chunk of a long query (all 128 threads of the warpgroup): argmax
 // of its rows, and the ordered sum of its valid rows' maxima into hp.partial. finish_chunk
 // with a chunk-sum destination could do this too, but its general row pass (stacked
@@ -199,9 +205,11 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
   uint32_t qround = 0;
   int blocks = 0;    // query blocks of the current set
   int64_t first = 0;  // its first block
+  // The padded grid's documents belong to one query: its sets must be single blocks.
+  static_assert(C == 1 || !std::is_same_v<Policy, PaddedGrid>, "padded: one consumer");
   SetMajorWalk walk(range.begin, pol.Nb);
   int64_t row0 = 0, len = 0;
-  bool ok = pol.docs.rows(walk.n, row0, len);
+  bool ok = pol.doc_rows(block_query(hp, walk.set * C), walk.n, row0, len);
   for (int64_t s = range.begin; s < range.end; ++s) {
     const int64_t cur_n = walk.n, cur_row0 = row0, cur_len = ok ? len : 0;
     const bool cur_ok = ok;
@@ -209,7 +217,7 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
     walk.next();
     if (s + 1 < range.end) {  // next step's index reads, consumed one iteration later
       row0 = len = 0;
-      ok = pol.docs.rows(walk.n, row0, len);
+      ok = pol.doc_rows(block_query(hp, walk.set * C), walk.n, row0, len);
     }
     if (this_set != cur_set) {
       first = this_set * C;
@@ -504,9 +512,9 @@ bool rows_map(CUtensorMap& map, const void* base, int64_t rows, int64_t dim, int
   return true;
 }
 
-// Whether the Hopper kernel takes this call (else the caller runs the mma.sync kernels).
-// dim <= 128 runs the resident shapes, anything wider the streamed ones.
-inline bool hopper_contrastive_applies(const ForwardParams& p) {
+// Whether the Hopper kernel takes this padded or contrastive call (else the caller runs the
+// mma.sync kernels). dim <= 128 runs the resident shapes, anything wider the streamed ones.
+inline bool hopper_applies(const ForwardParams& p) {
   constexpr int64_t kCoordLimit = (int64_t(1) << 31) - 256;  // TMA coordinates are int32
   return p.lq >= 1 && p.dim >= 8 && p.dim % 8 == 0 && p.dim < kCoordLimit && p.num_queries > 0 &&
          p.num_docs > 0 && p.q_rows > 0 && p.d_rows > 0 && p.q_rows < kCoordLimit && p.d_rows < kCoordLimit &&
@@ -514,14 +522,15 @@ inline bool hopper_contrastive_applies(const ForwardParams& p) {
          !force_mma_sync() && wgmma_compiled_for_current_device();
 }
 
-// dim > 128 on sm_90a: the dispatcher sends these contrastive calls to the K-streaming
-// launcher (launch_forward_mma_k), which tries the streamed shapes first.
+// dim > 128 on sm_90a: the dispatcher sends these padded and contrastive calls to the
+// K-streaming launcher (launch_forward_mma_k), which tries the streamed shapes first.
 inline bool hopper_streamed_wanted(const ForwardParams& p) {
-  return is_contrastive(static_cast<int>(p.surface)) && p.dim > 128 && hopper_contrastive_applies(p);
+  return p.surface != Surface::kPacked && p.dim > 128 && hopper_applies(p);
 }
 
-// 64-row query blocks of a call: the policy's blocks of 64 / Lq stacked queries
-// (make_contrastive(p, 64)), or, for Lq > 64, ceil(Lq / 64) chunks of every query.
+// 64-row query blocks of a call: the contrastive policy's blocks of 64 / Lq stacked queries
+// (make_contrastive(p, 64)), padded: one query a block; for Lq > 64, ceil(Lq / 64) chunks
+// of every query.
 struct HopperBlocks {
   int64_t blocks, nchunks;
 };
@@ -530,7 +539,7 @@ inline HopperBlocks hopper_blocks(const ForwardParams& p) {
     const int64_t nchunks = (p.lq + 63) / 64;
     return {p.num_queries * nchunks, nchunks};
   }
-  int64_t g = 64 / p.lq;
+  int64_t g = p.surface == Surface::kPadded ? 1 : 64 / p.lq;
   if (g > p.num_queries) g = p.num_queries;
   if (g < 1) g = 1;
   return {(p.num_queries + g - 1) / g, 1};
