@@ -91,19 +91,15 @@ cudaError_t launch_contrastive_hopper_streamed(const ForwardParams& p, bool& ran
   return run_forward_hopper<T, HopperShape<64, 5, 3, true>>(p, pol, ep, ran);
 }
 
-// Padded (rerank) on sm_90a: one consumer warpgroup per CTA, its own query and documents,
-// a deep ring (rerank streams documents from HBM once: 192-208 KB in flight per SM).
+// Padded (rerank) on sm_90a: one consumer warpgroup per CTA, each step its own query and
+// document, steps strided over the CTAs (PaddedGrid::kStrided). The query changes from one
+// step to the next, so every ring slot carries its query chunk (the streamed shape, any
+// dim): 8 slots of 8 + 16 KB, i.e. 128 KB of documents in flight per SM.
 inline PaddedGrid make_padded_grid(const ForwardParams& p) {
   return PaddedGrid{IndexView(p.query_lengths), IndexView(p.doc_lengths), p.num_queries, p.cands, p.lq, p.ld};
 }
 template <class T>
 cudaError_t launch_padded_hopper(const ForwardParams& p, bool& ran) {
-  const EpilogueArgs ep = make_args<T>(p).ep;
-  return p.dim <= 64 ? run_forward_hopper<T, HopperShape<64, 12, 1>>(p, make_padded_grid(p), ep, ran)
-                     : run_forward_hopper<T, HopperShape<128, 6, 1>>(p, make_padded_grid(p), ep, ran);
-}
-template <class T>
-cudaError_t launch_padded_hopper_streamed(const ForwardParams& p, bool& ran) {
   return run_forward_hopper<T, HopperShape<64, 8, 1, true>>(p, make_padded_grid(p), make_args<T>(p).ep, ran);
 }
 
@@ -211,7 +207,7 @@ cudaError_t launch_forward_mma_k(const ForwardParams& p) {
       bool ran = false;
       cudaError_t err;
       if constexpr (SURF == 0) {
-        err = launch_padded_hopper_streamed<T>(p, ran);
+        err = launch_padded_hopper<T>(p, ran);
       } else {
         err = launch_contrastive_hopper_streamed<T, SURF>(p, ran);
       }

@@ -144,6 +144,7 @@ struct ContrastiveGrid {
   int64_t Nq, Nb, Lq;
   int G;  // queries stacked per block
   GroupedOrder order;
+  static constexpr bool kStrided = false;  // the warp-specialised kernel's step walk (StepWalk)
 
   __host__ __device__ int64_t steps() const { return order.nq_blocks * Nb; }
   __host__ __device__ int64_t query_rows() const { return Nq * Lq; }
@@ -206,6 +207,7 @@ struct PaddedGrid {
   IndexView qlens, dlens;
   int64_t Nq, Nb, Lq, Ld;
   static constexpr int G = 1;
+  static constexpr bool kStrided = true;
 
   __device__ __forceinline__ int64_t qlen_of(int64_t q) const {
     int64_t v;
