@@ -215,24 +215,61 @@ struct StepWalk {
   }
 };
 
+// Rows of a bounded load's box (Policy::kBoundedLoads): four of them at 4 KB offsets leave
+// the same 128-byte-swizzled image as one 128-row box (the swizzle atom is 8 rows, 1 KB).
+constexpr int kBoxRows = 32;
+constexpr uint32_t kBoxBytes = kBoxRows * 128;
+
+// Query boxes block b is loaded with: one 64-row box, or (bounded) the 32-row boxes that
+// cover its query's rows; the block rows past them keep stale data, which only reaches
+// accumulator rows that are never reported (the epilogue sums and reports rows < qlen).
+template <class Policy>
+__device__ __forceinline__ int query_boxes(const HopperParams<Policy>& hp, int64_t b) {
+  if constexpr (!Policy::kBoundedLoads) {
+    return 1;
+  } else {
+    int64_t rows = hp.pol.Lq * hp.pol.G;
+    if (hp.nchunks > 1) rows = hp.pol.Lq - (b - div_nonneg(b, hp.nchunks) * hp.nchunks) * 64;
+    rows = rows < 64 ? rows : 64;
+    return static_cast<int>((rows + kBoxRows - 1) / kBoxRows);
+  }
+}
+
 // The producer: one lane. Document rows for step s + 1 are read while step s's tiles are
 // issued, so their latency stays off the ring. A tile takes one slot (resident), or one per
-// K-chunk (streamed); a document without rows takes one slot without data.
+// K-chunk (streamed); a document without rows takes one slot without data. Bounded loads:
+// a tile with fewer than BN rows left is loaded as ceil(rows / 32) 32-row boxes (tmap), and
+// the slot's expected bytes are exactly those boxes' (TMA counts a whole box, zero-filled
+// rows past the tensor included); the slot rows past them are stale, and the consumers'
+// fold masks their columns by select.
 template <class Shape, class Policy>
 __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const HopperParams<Policy>& hp,
-                                               const CUtensorMap* qmap, const CUtensorMap* dmap) {
+                                               const CUtensorMap* qmap, const CUtensorMap* dmap,
+                                               const CUtensorMap* tmap) {
   constexpr int S = Shape::kStages, BN = Shape::BN, KB = Shape::KB, C = Shape::kConsumers;
+  constexpr uint32_t kRowBytes = Shape::kRowBytes;
   const Policy& pol = hp.pol;
   int it = 0;
   int64_t cur_set = -1;
   uint32_t qround = 0;
-  int blocks = 0;    // query blocks of the current set
-  int64_t first = 0;  // its first block
+  int blocks = 0;       // query blocks of the current set
+  int64_t first = 0;    // its first block
+  uint32_t qbytes = 0;  // the bytes of one K-block of the set's query blocks
   // The padded grid's documents belong to one query: its sets must be single blocks.
   static_assert(C == 1 || !std::is_same_v<Policy, PaddedGrid>, "padded: one consumer");
   StepWalk<Policy::kStrided> walk(hp.sets * pol.Nb, pol.Nb);
   int64_t row0 = 0, len = 0;
   bool ok = pol.doc_rows(block_query(hp, walk.set * C), walk.n, row0, len);
+  // Query block g of the set, K-block at column x, into dst (the boxes query_boxes counts).
+  auto load_query = [&](uint32_t dst, uint32_t bar, int g, int x) {
+    const int row = static_cast<int>(block_row0(hp, first + g));
+    if constexpr (Policy::kBoundedLoads) {
+      const int boxes = query_boxes(hp, first + g);
+      for (int j = 0; j < boxes; ++j) tma_load_2d(dst + j * kBoxBytes, qmap, bar, x, row + j * kBoxRows);
+    } else {
+      tma_load_2d(dst, qmap, bar, x, row);
+    }
+  };
   while (walk.more()) {
     const int64_t cur_n = walk.n, cur_row0 = row0, cur_len = ok ? len : 0;
     const bool cur_ok = ok;
@@ -245,15 +282,17 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
     if (this_set != cur_set) {
       first = this_set * C;
       blocks = static_cast<int>(hp.blocks - first < C ? hp.blocks - first : C);
+      qbytes = 0;
+      for (int g = 0; g < blocks; ++g) {
+        qbytes += Policy::kBoundedLoads ? uint32_t(query_boxes(hp, first + g)) * kBoxBytes : Shape::kQueryBlockBytes / KB;
+      }
       if constexpr (!Shape::kStream) {
         if (cur_set >= 0) mbar_wait(smem_addr(&sm.qempty), (qround++) & 1);
-        mbar_arrive_expect_tx(smem_addr(&sm.qfull), uint32_t(blocks) * Shape::kQueryBlockBytes);
+        mbar_arrive_expect_tx(smem_addr(&sm.qfull), KB * qbytes);
         for (int g = 0; g < blocks; ++g) {
-          const int row = static_cast<int>(block_row0(hp, first + g));
 #pragma unroll
           for (int kb = 0; kb < KB; ++kb) {
-            tma_load_2d(smem_addr(sm.query[g]) + kb * Shape::BM * Shape::kRowBytes, qmap, smem_addr(&sm.qfull),
-                        kb * 64, row);
+            load_query(smem_addr(sm.query[g]) + kb * Shape::BM * kRowBytes, smem_addr(&sm.qfull), g, kb * 64);
           }
         }
       }
@@ -262,9 +301,13 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
     const bool data = cur_len > 0;
     const int64_t ntiles = data ? (cur_len + BN - 1) / BN : 1;
     const int nk = Shape::kStream && data ? hp.kchunks : 1;
-    const uint32_t tx = !data ? 0u : (Shape::kStream ? uint32_t(blocks) * Shape::kQueryBlockBytes : 0u) + Shape::kDocBytes;
     for (int64_t t = 0; t < ntiles; ++t) {
       const int drow = static_cast<int>(cur_row0 + t * BN);
+      const int64_t left = cur_len - t * BN;
+      // 0: the whole tile as one box
+      const int boxes = Policy::kBoundedLoads && left < BN ? static_cast<int>((left + kBoxRows - 1) / kBoxRows) : 0;
+      const uint32_t dbytes = boxes > 0 ? KB * uint32_t(boxes) * kBoxBytes : Shape::kDocBytes;
+      const uint32_t tx = !data ? 0u : (Shape::kStream ? qbytes : 0u) + dbytes;
       const TileInfo info{cur_n, cur_len, static_cast<int32_t>(t),
                           (cur_ok ? kTileOk : 0) | (t + 1 == ntiles ? kTileLast : 0)};
       for (int kc = 0; kc < nk; ++kc, ++it) {
@@ -276,14 +319,17 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
         if (!data) continue;
         if constexpr (Shape::kStream) {
 #pragma unroll
-          for (int g = 0; g < blocks; ++g) {
-            tma_load_2d(slot + g * Shape::kQueryBlockBytes, qmap, full, kc * 64,
-                        static_cast<int>(block_row0(hp, first + g)));
-          }
-          tma_load_2d(slot + Shape::kQueryInSlot, dmap, full, kc * 64, drow);
-        } else {
+          for (int g = 0; g < blocks; ++g) load_query(slot + g * Shape::kQueryBlockBytes, full, g, kc * 64);
+        }
 #pragma unroll
-          for (int kb = 0; kb < KB; ++kb) tma_load_2d(slot + kb * BN * Shape::kRowBytes, dmap, full, kb * 64, drow);
+        for (int kb = 0; kb < KB; ++kb) {
+          const uint32_t dst = slot + Shape::kQueryInSlot + kb * BN * kRowBytes;
+          const int x = Shape::kStream ? kc * 64 : kb * 64;
+          if (boxes == 0) {
+            tma_load_2d(dst, dmap, full, x, drow);
+          } else {
+            for (int j = 0; j < boxes; ++j) tma_load_2d(dst + j * kBoxBytes, tmap, full, x, drow + j * kBoxRows);
+          }
         }
       }
     }
@@ -291,17 +337,16 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
 }
 
 // This warpgroup's MMAs for one tile whose first slot (`it`) is full: S[64 x N] = Q block *
-// tile^T over all columns, N = 128, or 64 (NARROW) when at most 64 document rows are left.
-// Releases the tile's slots and returns the slot counter past them. Descriptors of the k16
-// steps are the base descriptors plus constant offsets (the address field is addr / 16 and
-// the operands lie below 256 KB, so the add never carries out of it).
+// tile^T over all columns, N = 128, or 64 / 32 (narrow) when at most N document rows are
+// left. Releases the tile's slots and returns the slot counter past them. Descriptors of the
+// k16 steps are the base descriptors plus constant offsets (the address field is addr / 16
+// and the operands lie below 256 KB, so the add never carries out of it).
 // Streamed: one slot per K-chunk; a chunk's MMAs are issued before the previous chunk's
 // finish (wait_group 1), and a slot is released once its MMAs have read it.
-template <class T, class Shape, bool NARROW>
-__device__ __forceinline__ int hopper_tile_mma(HopperSmem<Shape>& sm, float (&acc)[NARROW ? Shape::NT / 2 : Shape::NT][4],
-                                               int g, int it, int nk) {
+template <class T, class Shape, int N>
+__device__ __forceinline__ int hopper_tile_mma(HopperSmem<Shape>& sm, float (&acc)[N / 8][4], int g, int it, int nk) {
   constexpr int S = Shape::kStages;
-  using Mma = WgmmaM64<T, NARROW ? 64 : 128>;
+  using Mma = WgmmaM64<T, N>;
   fence_registers(acc);
   if constexpr (!Shape::kStream) {
     const int stage = it % S;
@@ -395,16 +440,24 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
       const bool work = active && left > 0;
       const int nk = Shape::kStream && info.len > 0 ? hp.kchunks : 1;  // the tile's slots
       // Accumulators live from the MMAs to the fold only (the first k-step overwrites them);
-      // the narrow MMA gets its own set (sharing one made ptxas serialise them, C7511).
-      // Streamed shapes have no narrow path: with two K-loops ptxas needs ~25 more registers
-      // and spills (3 warpgroups, capped at 128) or serialises the MMAs (4, capped at 96).
-      if (!Shape::kStream && work && left <= 64) {
-        float acc[1][Shape::NT / 2][4];
-        it = hopper_tile_mma<T, Shape, true>(sm, acc[0], g, it, nk);
+      // each narrow MMA gets its own set (sharing one made ptxas serialise them, C7511).
+      // Streamed shapes with several consumers have no narrow path: with two K-loops ptxas
+      // needs ~25 more registers and spills (3 warpgroups, capped at 128) or serialises the
+      // MMAs (4, capped at 96); one consumer (the padded grid) is capped at 255.
+      // N = 32 only on the bounded-load (padded) grid: the contrastive shapes are left as
+      // they were measured.
+      constexpr bool kNarrow = !Shape::kStream || C == 1;
+      if (kNarrow && Policy::kBoundedLoads && work && left <= 32) {
+        float acc[1][4][4];
+        it = hopper_tile_mma<T, Shape, 32>(sm, acc[0], g, it, nk);
+        row_max.fold(acc, lane, 0, left, info.tile * BN, hp.ep.with_argmax);
+      } else if (kNarrow && work && left <= 64) {
+        float acc[1][8][4];
+        it = hopper_tile_mma<T, Shape, 64>(sm, acc[0], g, it, nk);
         row_max.fold(acc, lane, 0, left, info.tile * BN, hp.ep.with_argmax);
       } else if (work) {
         float acc[1][Shape::NT][4];
-        it = hopper_tile_mma<T, Shape, false>(sm, acc[0], g, it, nk);
+        it = hopper_tile_mma<T, Shape, 128>(sm, acc[0], g, it, nk);
         row_max.fold(acc, lane, 0, left, info.tile * BN, hp.ep.with_argmax);
       } else {  // nothing to compute here: pass the tile's slots on
         mbar_arrive(smem_addr(&sm.empty[stage]));
@@ -432,7 +485,7 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
 template <class T, class Shape, class Policy>
 __global__ void __launch_bounds__(Shape::kThreads, Shape::kCtasPerSm)
     maxsim_forward_hopper_kernel(const HopperParams<Policy> hp, const __grid_constant__ CUtensorMap qmap,
-                                 const __grid_constant__ CUtensorMap dmap) {
+                                 const __grid_constant__ CUtensorMap dmap, const __grid_constant__ CUtensorMap tmap) {
 #if MAXSIM_HAS_WGMMA
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t pad = ((smem_addr(smem_raw) + 1023u) & ~1023u) - smem_addr(smem_raw);
@@ -449,7 +502,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kCtasPerSm)
   }
   __syncthreads();
   if (uniform(threadIdx.x / 32) == Shape::kProducerWarp) {
-    if (threadIdx.x % 32 == 0) hopper_produce<Shape>(sm, hp, &qmap, &dmap);
+    if (threadIdx.x % 32 == 0) hopper_produce<Shape>(sm, hp, &qmap, &dmap, &tmap);
     return;
   }
   hopper_consume<T, Shape>(sm, hp);
@@ -568,11 +621,15 @@ inline HopperBlocks hopper_blocks(const ForwardParams& p) {
 template <class T, class Shape, class Policy>
 cudaError_t run_forward_hopper(const ForwardParams& p, const Policy& pol, const EpilogueArgs& ep, bool& ran) {
   ran = false;
-  CUtensorMap qmap, dmap;
-  if (!rows_map<T>(qmap, p.queries, p.q_rows, p.dim, Shape::BM) ||
-      !rows_map<T>(dmap, p.documents, p.d_rows, p.dim, Shape::BN)) {
+  // tmap: the documents in 32-row boxes (bounded loads' short tiles; else never read).
+  constexpr bool kBounded = Policy::kBoundedLoads;
+  CUtensorMap qmap, dmap, tmap;
+  if (!rows_map<T>(qmap, p.queries, p.q_rows, p.dim, kBounded ? kBoxRows : Shape::BM) ||
+      !rows_map<T>(dmap, p.documents, p.d_rows, p.dim, Shape::BN) ||
+      (kBounded && !rows_map<T>(tmap, p.documents, p.d_rows, p.dim, kBoxRows))) {
     return cudaSuccess;  // not taken: the mma.sync kernels run instead
   }
+  if (!kBounded) tmap = dmap;
   static_assert(Shape::BM == 64, "hopper_blocks counts 64-row blocks");
   const HopperBlocks hb = hopper_blocks(p);
   HopperParams<Policy> hp;
@@ -610,7 +667,7 @@ cudaError_t run_forward_hopper(const ForwardParams& p, const Policy& pol, const 
     if (err != cudaSuccess) return err;
   }
   ran = true;
-  kern<<<static_cast<unsigned>(ctas), Shape::kThreads, smem, p.stream>>>(hp, qmap, dmap);
+  kern<<<static_cast<unsigned>(ctas), Shape::kThreads, smem, p.stream>>>(hp, qmap, dmap, tmap);
   err = cudaGetLastError();
   if (partial_bytes > 0) {
     if (err == cudaSuccess) {

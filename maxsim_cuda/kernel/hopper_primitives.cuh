@@ -155,6 +155,17 @@ struct WgmmaM64;
         "+f"(d[7][2]), "+f"(d[7][3]) \
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 
+#define MAXSIM_WGMMA_N32(PTX_TYPE)                                                              \
+  asm volatile(                                                                                  \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                          \
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32." PTX_TYPE "." PTX_TYPE " "                    \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "  \
+      "%16, %17, p, 1, 1, 0, 0;\n}\n"                                                      \
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),  \
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),  \
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]) \
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+
 #define MAXSIM_WGMMA_N128(PTX_TYPE)                                                              \
   asm volatile(                                                                                  \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                          \
@@ -175,6 +186,7 @@ struct WgmmaM64;
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 
 #else
+#define MAXSIM_WGMMA_N32(PTX_TYPE) __trap();
 #define MAXSIM_WGMMA_N64(PTX_TYPE) __trap();
 #define MAXSIM_WGMMA_N128(PTX_TYPE) __trap();
 #endif
@@ -189,11 +201,14 @@ struct WgmmaM64;
       MAXSIM_WGMMA_N##N(PTX_TYPE)                                                                        \
     }                                                                                                    \
   };
+MAXSIM_WGMMA_STRUCT(__half, "f16", 32)
 MAXSIM_WGMMA_STRUCT(__half, "f16", 64)
 MAXSIM_WGMMA_STRUCT(__half, "f16", 128)
+MAXSIM_WGMMA_STRUCT(__nv_bfloat16, "bf16", 32)
 MAXSIM_WGMMA_STRUCT(__nv_bfloat16, "bf16", 64)
 MAXSIM_WGMMA_STRUCT(__nv_bfloat16, "bf16", 128)
 #undef MAXSIM_WGMMA_STRUCT
+#undef MAXSIM_WGMMA_N32
 #undef MAXSIM_WGMMA_N64
 #undef MAXSIM_WGMMA_N128
 

@@ -145,6 +145,9 @@ struct ContrastiveGrid {
   int G;  // queries stacked per block
   GroupedOrder order;
   static constexpr bool kStrided = false;  // the warp-specialised kernel's step walk (StepWalk)
+  // Whole 128-row document tiles and 64-row query blocks: a tile past a document holds the
+  // next document's rows, which come from L2 anyway (every query block reads them).
+  static constexpr bool kBoundedLoads = false;
 
   __host__ __device__ int64_t steps() const { return order.nq_blocks * Nb; }
   __host__ __device__ int64_t query_rows() const { return Nq * Lq; }
@@ -208,6 +211,9 @@ struct PaddedGrid {
   int64_t Nq, Nb, Lq, Ld;
   static constexpr int G = 1;
   static constexpr bool kStrided = true;
+  // Rerank reads each document once, from HBM: the producer loads a document's last tile
+  // and the query block in 32-row boxes up to their lengths, not the padding past them.
+  static constexpr bool kBoundedLoads = true;
 
   __device__ __forceinline__ int64_t qlen_of(int64_t q) const {
     int64_t v;
