@@ -1,5 +1,5 @@
-// The contrastive forward on sm_90a: warp-specialised, TMA-fed, wgmma. fp16/bf16, dim a
-// multiple of 8; queries longer than 64 rows run as 64-row chunks.
+// The contrastive and padded (rerank) forward on sm_90a: warp-specialised, TMA-fed, wgmma.
+// fp16/bf16, dim a multiple of 8; queries longer than 64 rows run as 64-row chunks.
 //
 // Roles. One producer warp (one elected lane) walks the CTA's steps, reads each document's
 // rows (one step ahead) and issues TMA tile loads into a ring of kStages slots guarded by
@@ -15,14 +15,21 @@
 //
 // Operands (HopperShape). dim <= 128, resident: the query blocks are loaded once per set
 // (single buffer, reloaded after every warpgroup released it: qempty) and a slot holds a
-// whole document tile. dim > 128, streamed: a slot holds one 64-column K-chunk of the tile
-// and of every block, and a tile's MMAs accumulate over ceil(dim / 64) slots.
+// whole document tile. dim > 128 (padded: any dim), streamed: a slot holds one 64-column
+// K-chunk of the tile and of every block, and a tile's MMAs accumulate over ceil(dim / 64)
+// slots.
 //
 // Schedule. Steps are (set, document) in set-major order, split contiguously over a
-// persistent grid like the mma.sync kernel.
+// persistent grid like the mma.sync kernel (contrastive), or strided over it (padded: each
+// step its own query and document, one consumer warpgroup, the query in every slot).
 //
-// Where a tile runs past its document (the next document's rows, or zero rows past the
-// tensor), the fold masks those columns; columns past dim arrive as zeros. Query rows past a
+// Bounded loads (padded): a document's last tile, and the query block, arrive as 32-row
+// boxes up to their lengths instead of whole boxes, so a short document costs its own rows
+// and not the padding after them; m64n64 / m64n32 MMAs run its short tails.
+//
+// Where a tile runs past its document (the next document's rows, zero rows past the tensor,
+// or stale rows past a bounded load's last box), the fold masks those columns by select, so
+// not even a NaN there gets in; columns past dim arrive as zeros. Query rows past a
 // segment's length are scored and never reported, as in the mma.sync kernels. Host side: the
 // tensor maps (encoded through the runtime's driver entry point, no libcuda link) and the
 // checks that pick this path. Torch-free.
@@ -444,10 +451,12 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
       // Streamed shapes with several consumers have no narrow path: with two K-loops ptxas
       // needs ~25 more registers and spills (3 warpgroups, capped at 128) or serialises the
       // MMAs (4, capped at 96); one consumer (the padded grid) is capped at 255.
-      // N = 32 only on the bounded-load (padded) grid: the contrastive shapes are left as
-      // they were measured.
+      // N = 32 only on the bounded-load (padded) grid, where the contrastive shapes are left
+      // as they were measured, and at one CTA per SM: its 16 accumulators get registers of
+      // their own (184 in all); at two CTAs per SM (capped at 168) ptxas then spills.
       constexpr bool kNarrow = !Shape::kStream || C == 1;
-      if (kNarrow && Policy::kBoundedLoads && work && left <= 32) {
+      constexpr bool kNarrow32 = kNarrow && Policy::kBoundedLoads && Shape::kCtasPerSm == 1;
+      if (kNarrow32 && work && left <= 32) {
         float acc[1][4][4];
         it = hopper_tile_mma<T, Shape, 32>(sm, acc[0], g, it, nk);
         row_max.fold(acc, lane, 0, left, info.tile * BN, hp.ep.with_argmax);
@@ -650,6 +659,8 @@ cudaError_t run_forward_hopper(const ForwardParams& p, const Policy& pol, const 
   }
   auto kern = maxsim_forward_hopper_kernel<T, Shape, Policy>;
   constexpr size_t smem = HopperSmem<Shape>::bytes();
+  // sm_90: 228 KB of shared memory per SM, 1 KB of it reserved per resident CTA
+  static_assert(Shape::kCtasPerSm * (smem + 1024) <= 228 * 1024, "the planned CTAs per SM do not fit");
   static bool configured[64] = {false};
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
