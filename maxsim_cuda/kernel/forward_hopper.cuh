@@ -194,16 +194,8 @@ __global__ void sum_query_chunks(const float* partial, float* scores, int64_t nq
 template <bool STRIDED>
 struct StepWalk {
   int64_t s, end, set, n, Nb;
-  __device__ __forceinline__ StepWalk(int64_t total, int64_t Nb_) : Nb(Nb_) {
-    if (STRIDED) {
-      s = blockIdx.x;
-      end = total;
-    } else {
-      const StepRange r = cta_steps(total, gridDim.x, blockIdx.x);
-      s = r.begin;
-      end = r.end;
-    }
-    set = div_nonneg(s, Nb);
+  __device__ __forceinline__ StepWalk(StepRange r, int64_t Nb_)
+      : s(r.begin), end(r.end), set(div_nonneg(r.begin, Nb_)), n(0), Nb(Nb_) {
     n = s - set * Nb;
   }
   __device__ __forceinline__ bool more() const { return s < end; }
@@ -221,6 +213,11 @@ struct StepWalk {
     }
   }
 };
+// This CTA's steps: [begin, end) contiguous, or (strided) begin, begin + gridDim.x, ... < end.
+template <bool STRIDED>
+__device__ __forceinline__ StepRange walk_range(int64_t total) {
+  return STRIDED ? StepRange{blockIdx.x, total} : cta_steps(total, gridDim.x, blockIdx.x);
+}
 
 // Rows of a bounded load's box (Policy::kBoundedLoads): four of them at 4 KB offsets leave
 // the same 128-byte-swizzled image as one 128-row box (the swizzle atom is 8 rows, 1 KB).
@@ -250,7 +247,7 @@ __device__ __forceinline__ int query_boxes(const HopperParams<Policy>& hp, int64
 // rows past the tensor included); the slot rows past them are stale, and the consumers'
 // fold masks their columns by select.
 template <class Shape, class Policy>
-__device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const HopperParams<Policy>& hp,
+__device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const HopperParams<Policy>& hp, StepRange range,
                                                const CUtensorMap* qmap, const CUtensorMap* dmap,
                                                const CUtensorMap* tmap) {
   constexpr int S = Shape::kStages, BN = Shape::BN, KB = Shape::KB, C = Shape::kConsumers;
@@ -264,7 +261,7 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
   uint32_t qbytes = 0;  // the bytes of one K-block of the set's query blocks
   // The padded grid's documents belong to one query: its sets must be single blocks.
   static_assert(C == 1 || !std::is_same_v<Policy, PaddedGrid>, "padded: one consumer");
-  StepWalk<Policy::kStrided> walk(hp.sets * pol.Nb, pol.Nb);
+  StepWalk<Policy::kStrided> walk(range, pol.Nb);
   int64_t row0 = 0, len = 0;
   bool ok = pol.doc_rows(block_query(hp, walk.set * C), walk.n, row0, len);
   // Query block g of the set, K-block at column x, into dst (the boxes query_boxes counts).
@@ -397,7 +394,8 @@ __device__ __forceinline__ int hopper_tile_mma(HopperSmem<Shape>& sm, float (&ac
 }
 
 template <class T, class Shape, class Policy>
-__device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const HopperParams<Policy>& hp) {
+__device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const HopperParams<Policy>& hp,
+                                               StepRange range) {
   constexpr int S = Shape::kStages, BN = Shape::BN, C = Shape::kConsumers;
   const Policy& pol = hp.pol;
   // Warp-uniform values go through a shuffle: ptxas then knows every branch around the
@@ -411,7 +409,7 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
   int64_t cur_set = -1, qb = 0, query = 0, chunk = 0;
   uint32_t qround = 0;
   bool active = false;
-  for (StepWalk<Policy::kStrided> walk(hp.sets * pol.Nb, pol.Nb); walk.more(); walk.next()) {
+  for (StepWalk<Policy::kStrided> walk(range, pol.Nb); walk.more(); walk.next()) {
     const int64_t set = walk.set, n = walk.n;
     if (set != cur_set) {
       // every MMA on the old blocks has drained (streamed shapes keep no blocks)
@@ -499,7 +497,8 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kCtasPerSm)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t pad = ((smem_addr(smem_raw) + 1023u) & ~1023u) - smem_addr(smem_raw);
   auto& sm = *reinterpret_cast<HopperSmem<Shape>*>(smem_raw + pad);
-  if (StepWalk<Policy::kStrided>(hp.sets * hp.pol.Nb, hp.pol.Nb).more() == false) return;
+  const StepRange range = walk_range<Policy::kStrided>(hp.sets * hp.pol.Nb);
+  if (range.begin >= range.end) return;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Shape::kStages; ++s) {
       mbar_init(smem_addr(&sm.full[s]), 1);
@@ -511,10 +510,10 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kCtasPerSm)
   }
   __syncthreads();
   if (uniform(threadIdx.x / 32) == Shape::kProducerWarp) {
-    if (threadIdx.x % 32 == 0) hopper_produce<Shape>(sm, hp, &qmap, &dmap, &tmap);
+    if (threadIdx.x % 32 == 0) hopper_produce<Shape>(sm, hp, range, &qmap, &dmap, &tmap);
     return;
   }
-  hopper_consume<T, Shape>(sm, hp);
+  hopper_consume<T, Shape>(sm, hp, range);
 #endif
 }
 
