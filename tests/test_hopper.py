@@ -199,6 +199,14 @@ PADDED_SHAPES = [
 ]
 
 
+@pytest.fixture
+def no_doc_split(monkeypatch):
+    """Calls of at most one pair per SM with long documents go to the mma.sync kernels' document
+    split by default (hopper_leaves_to_doc_split); without the split they run here, whatever
+    the pair count."""
+    monkeypatch.setenv("MAXSIM_CUDA_DOC_SPLIT", "0")
+
+
 def _padded(rng, shape, dtype, **kw):
     B, C, lq, ld, dim, d_lens = shape
     if d_lens is None:
@@ -209,7 +217,7 @@ def _padded(rng, shape, dtype, **kw):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("shape", PADDED_SHAPES, ids=[f"b{s[0]}_c{s[1]}_lq{s[2]}_ld{s[3]}_d{s[4]}" for s in PADDED_SHAPES])
-def test_padded_matches_reference_and_mma_sync(ms, monkeypatch, rng, shape, dtype):
+def test_padded_matches_reference_and_mma_sync(ms, monkeypatch, rng, shape, dtype, no_doc_split):
     """Against the float64 reference and the mma.sync kernels; padding rows hold large
     garbage (make_padded), so a column past a length that got into a max would show."""
     case = _padded(rng, shape, dtype)
@@ -226,7 +234,7 @@ def test_padded_matches_reference_and_mma_sync(ms, monkeypatch, rng, shape, dtyp
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("dim", [64, 128, 520])
-def test_padded_exact_ties(ms, monkeypatch, rng, dim, dtype):
+def test_padded_exact_ties(ms, monkeypatch, rng, dim, dtype, no_doc_split):
     """Lattice values: every similarity and score is exact, so scores must equal the reference
     bit for bit and every argmax must be the lowest tied row, in full tiles, in tails of each
     MMA width, and across tile and box boundaries."""
@@ -247,7 +255,7 @@ def test_padded_exact_ties(ms, monkeypatch, rng, dim, dtype):
 
 
 @pytest.mark.parametrize("dim", [128, 256])
-def test_padded_nan_in_padding_and_documents(ms, monkeypatch, rng, dim):
+def test_padded_nan_in_padding_and_documents(ms, monkeypatch, rng, dim, no_doc_split):
     """NaN in every padding row (queries and documents): the rows past a length that a box
     loads, and the stale slot rows past the last box (left by earlier tiles that loaded those
     NaN rows), must not reach a score. A NaN in a real row must: the score is NaN and the
@@ -294,7 +302,7 @@ def test_padded_many_steps(ms, monkeypatch, rng):
 
 
 @pytest.mark.parametrize("dim", [128, 320])
-def test_padded_train_gradients(ms, rng, dim):
+def test_padded_train_gradients(ms, rng, dim, no_doc_split):
     """The training form's forward runs here too; the backward consumes its argmax."""
     lens = [[90, 130, 1, 64, 0], [33, 200, 31, 129, 96]]
     case = make_padded(rng, 2, 5, 32, 200, dim, dtype=torch.bfloat16, device="cuda", d_lens=lens)
@@ -305,3 +313,16 @@ def test_padded_train_gradients(ms, rng, dim):
     eq, ed, bound_q, bound_d = expected_grads(case, grad, argmax)
     assert_grads(gq, eq, bound_q, case.queries.dtype)
     assert_grads(gd, ed, bound_d, case.queries.dtype)
+
+
+@pytest.mark.parametrize("split", ["0", "1"], ids=["here", "doc_split"])
+def test_padded_few_long_pairs(ms, monkeypatch, rng, split):
+    """LongDocStress-like: fewer pairs than SMs, 1030-row documents (eight full tiles and a
+    6-row tail) in this kernel, or by default cut over CTAs by the mma.sync kernels."""
+    monkeypatch.setenv("MAXSIM_CUDA_DOC_SPLIT", split)
+    lens = [[1030, 1029, 1024, 1000], [7, 1030, 640, 0]]
+    case = make_padded(rng, 2, 4, 32, 1030, 128, dtype=torch.float16, device="cuda", d_lens=lens)
+    (s_h, a_h), (s_m, a_m) = both_paths(monkeypatch, lambda: case.call(ms, "_with_argmax"))
+    assert_scores(s_h, case)
+    assert_argmax(a_h, case)
+    torch.testing.assert_close(s_h, s_m, rtol=1e-5, atol=1e-4, equal_nan=True)
