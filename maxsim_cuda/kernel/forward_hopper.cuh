@@ -91,6 +91,7 @@ struct TileInfo {
   int64_t doc, len;  // len: the document's rows (0 when bad)
   int32_t tile;      // index within the document
   int32_t flags;     // kTileOk: offsets valid; kTileLast: the document's last tile
+  int32_t qlen;      // strided walks (a query per step): the query's length (policy qlen_of)
 };
 constexpr int32_t kTileOk = 1, kTileLast = 2;
 
@@ -261,9 +262,23 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
   uint32_t qbytes = 0;  // the bytes of one K-block of the set's query blocks
   // The padded grid's documents belong to one query: its sets must be single blocks.
   static_assert(C == 1 || !std::is_same_v<Policy, PaddedGrid>, "padded: one consumer");
+  prefetch_tensormap(qmap);
+  prefetch_tensormap(dmap);
+  if constexpr (Policy::kBoundedLoads) prefetch_tensormap(tmap);
   StepWalk<Policy::kStrided> walk(range, pol.Nb);
   int64_t row0 = 0, len = 0;
   bool ok = pol.doc_rows(block_query(hp, walk.set * C), walk.n, row0, len);
+  // A strided walk changes the query every step: its length travels in the TileInfo, read
+  // here a step ahead like the document's rows, instead of by the consumers per step
+  // (a global read and two warpgroup barriers in front of every step's first tile).
+  auto query_len = [&](int64_t set) -> int32_t {
+    if constexpr (Policy::kStrided) {
+      return static_cast<int32_t>(pol.qlen_of(block_query(hp, set * C)));
+    } else {
+      return 0;
+    }
+  };
+  int32_t qlen = query_len(walk.set);
   // Query block g of the set, K-block at column x, into dst (the boxes query_boxes counts).
   auto load_query = [&](uint32_t dst, uint32_t bar, int g, int x) {
     const int row = static_cast<int>(block_row0(hp, first + g));
@@ -277,11 +292,13 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
   while (walk.more()) {
     const int64_t cur_n = walk.n, cur_row0 = row0, cur_len = ok ? len : 0;
     const bool cur_ok = ok;
+    const int32_t cur_qlen = qlen;
     const int64_t this_set = walk.set;
     walk.next();
     if (walk.more()) {  // next step's index reads, consumed one iteration later
       row0 = len = 0;
       ok = pol.doc_rows(block_query(hp, walk.set * C), walk.n, row0, len);
+      qlen = query_len(walk.set);
     }
     if (this_set != cur_set) {
       first = this_set * C;
@@ -313,7 +330,7 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
       const uint32_t dbytes = boxes > 0 ? KB * uint32_t(boxes) * kBoxBytes : Shape::kDocBytes;
       const uint32_t tx = !data ? 0u : (Shape::kStream ? qbytes : 0u) + dbytes;
       const TileInfo info{cur_n, cur_len, static_cast<int32_t>(t),
-                          (cur_ok ? kTileOk : 0) | (t + 1 == ntiles ? kTileLast : 0)};
+                          (cur_ok ? kTileOk : 0) | (t + 1 == ntiles ? kTileLast : 0), cur_qlen};
       for (int kc = 0; kc < nk; ++kc, ++it) {
         const int stage = it % S;
         const uint32_t full = smem_addr(&sm.full[stage]), slot = smem_addr(sm.slot[stage]);
@@ -421,7 +438,7 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
         query = div_nonneg(qb, hp.nchunks);
         chunk = qb - query * hp.nchunks;
       }
-      if (active) {  // the block's query lengths, read once per block
+      if (active && !Policy::kStrided) {  // the block's query lengths, read once per block
         const int nseg = hp.nchunks > 1 ? 1
                                         : static_cast<int>(pol.Nq - qb * pol.G < pol.G ? pol.Nq - qb * pol.G : pol.G);
         const int64_t q0 = hp.nchunks > 1 ? query : qb * pol.G;
@@ -477,12 +494,13 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
     } while (!(info.flags & kTileLast));
     if (active) {
       const bool ok = (info.flags & kTileOk) != 0;
+      const int64_t qlen0 = Policy::kStrided ? int64_t(info.qlen) : epi.seg_qlen[0];
       row_max.reduce(epi.red_m, epi.red_i, lane, warp, 0);
       if (hp.nchunks > 1) {
-        const StepDesc d = pol.step_at(query, n, ok, 0, info.len, epi.seg_qlen[0]);
+        const StepDesc d = pol.step_at(query, n, ok, 0, info.len, qlen0);
         finish_query_chunk(epi, hp, d, query, chunk, n, tid, sync);
       } else {
-        const StepDesc d = pol.step_at(qb, n, ok, 0, info.len, epi.seg_qlen[0]);
+        const StepDesc d = pol.step_at(qb, n, ok, 0, info.len, qlen0);
         finish_chunk<float, Shape::BM, 1, 128>(epi, d, 0, 1, carry, hp.ep, tid, sync);
       }
     }

@@ -79,6 +79,14 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
 #endif
 }
 
+// Brings a tensor map (a __grid_constant__ parameter) into the TMA unit's descriptor cache
+// ahead of its first load, which otherwise waits for that fetch.
+__device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
+#if MAXSIM_HAS_WGMMA
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+#endif
+}
+
 // Named barrier for a subset of the CTA's warps (id 0 is __syncthreads).
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
