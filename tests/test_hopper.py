@@ -207,6 +207,11 @@ def no_doc_split(monkeypatch):
     monkeypatch.setenv("MAXSIM_CUDA_DOC_SPLIT", "0")
 
 
+# Both shapes: two CTAs per SM with 4-slot rings (the default), or one with 8 slots (the
+# only one with the m64n32 tail).
+PADDED_CTAS = pytest.mark.parametrize("ctas", ["2", "1"], ids=["ctas2", "ctas1"])
+
+
 def _padded(rng, shape, dtype, **kw):
     B, C, lq, ld, dim, d_lens = shape
     if d_lens is None:
@@ -217,9 +222,11 @@ def _padded(rng, shape, dtype, **kw):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("shape", PADDED_SHAPES, ids=[f"b{s[0]}_c{s[1]}_lq{s[2]}_ld{s[3]}_d{s[4]}" for s in PADDED_SHAPES])
-def test_padded_matches_reference_and_mma_sync(ms, monkeypatch, rng, shape, dtype, no_doc_split):
+@PADDED_CTAS
+def test_padded_matches_reference_and_mma_sync(ms, monkeypatch, rng, shape, dtype, no_doc_split, ctas):
     """Against the float64 reference and the mma.sync kernels; padding rows hold large
     garbage (make_padded), so a column past a length that got into a max would show."""
+    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS", ctas)
     case = _padded(rng, shape, dtype)
     (s_h, a_h), (s_m, a_m) = both_paths(monkeypatch, lambda: case.call(ms, "_with_argmax"))
     assert_scores(s_h, case)
@@ -234,10 +241,12 @@ def test_padded_matches_reference_and_mma_sync(ms, monkeypatch, rng, shape, dtyp
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("dim", [64, 128, 520])
-def test_padded_exact_ties(ms, monkeypatch, rng, dim, dtype, no_doc_split):
+@PADDED_CTAS
+def test_padded_exact_ties(ms, monkeypatch, rng, dim, dtype, no_doc_split, ctas):
     """Lattice values: every similarity and score is exact, so scores must equal the reference
     bit for bit and every argmax must be the lowest tied row, in full tiles, in tails of each
     MMA width, and across tile and box boundaries."""
+    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS", ctas)
     lens = [[0, 1, 31, 32, 33, 63], [64, 65, 127, 128, 129, 300], [150, 200, 255, 256, 257, 300]]
     case = make_padded(rng, 3, 6, 32, 300, dim, dtype=dtype, device="cuda", d_lens=lens, values=lattice)
     docs = case.documents
@@ -255,11 +264,13 @@ def test_padded_exact_ties(ms, monkeypatch, rng, dim, dtype, no_doc_split):
 
 
 @pytest.mark.parametrize("dim", [128, 256])
-def test_padded_nan_in_padding_and_documents(ms, monkeypatch, rng, dim, no_doc_split):
+@PADDED_CTAS
+def test_padded_nan_in_padding_and_documents(ms, monkeypatch, rng, dim, no_doc_split, ctas):
     """NaN in every padding row (queries and documents): the rows past a length that a box
     loads, and the stale slot rows past the last box (left by earlier tiles that loaded those
     NaN rows), must not reach a score. A NaN in a real row must: the score is NaN and the
     argmax of every query row is its position, in each tail width (32, 64, 128) and a full tile."""
+    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS", ctas)
     lens = [[97, 10, 40, 100, 140, 256], [70, 20, 62, 200, 256, 33]]
     case = make_padded(rng, 2, 6, 32, 256, dim, dtype=torch.float16, device="cuda", d_lens=lens,
                        q_lens=[30, 32])
@@ -326,3 +337,22 @@ def test_padded_few_long_pairs(ms, monkeypatch, rng, split):
     assert_scores(s_h, case)
     assert_argmax(a_h, case)
     torch.testing.assert_close(s_h, s_m, rtol=1e-5, atol=1e-4, equal_nan=True)
+
+
+@PADDED_CTAS
+def test_padded_stale_nan_rows(ms, monkeypatch, rng, no_doc_split, ctas):
+    """Many steps per CTA of 70-, 33- and 10-row documents with NaN padding: a 70-row tile
+    loads three boxes (NaN in rows 70..95), and a later 10- or 33-row tile in the same ring
+    slots loads one or two, leaving those NaN rows in the slot past its last box. No score may
+    turn NaN, and every one must match the reference."""
+    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS", ctas)
+    B, C, lq, ld = 8, 100, 32, 96
+    choice = torch.randint(0, 3, (B, C), generator=rng)
+    d_lens = torch.tensor([70, 33, 10])[choice]
+    case = make_padded(rng, B, C, lq, ld, 128, dtype=torch.bfloat16, device="cuda", d_lens=d_lens)
+    d_pad = torch.arange(ld, device="cuda") >= case.doc_lengths[..., None]
+    case.documents[d_pad] = float("nan")
+    s_h, a_h = case.call(ms, "_with_argmax")
+    assert not s_h.isnan().any()
+    assert_scores(s_h, case)
+    assert_argmax(a_h, case)
