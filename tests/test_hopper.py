@@ -267,9 +267,9 @@ def test_padded_exact_ties(ms, monkeypatch, rng, dim, dtype, no_doc_split, ctas)
 @PADDED_CTAS
 def test_padded_nan_in_padding_and_documents(ms, monkeypatch, rng, dim, no_doc_split, ctas):
     """NaN in every padding row (queries and documents): the rows past a length that a box
-    loads, and the stale slot rows past the last box (left by earlier tiles that loaded those
-    NaN rows), must not reach a score. A NaN in a real row must: the score is NaN and the
-    argmax of every query row is its position, in each tail width (32, 64, 128) and a full tile."""
+    loads must not reach a score (stale slot rows: test_padded_stale_nan_rows). A NaN in a
+    real row must: the score is NaN and the argmax of every query row is its position, in
+    each tail width (32 at one CTA per SM, 64, 128) and a full tile."""
     monkeypatch.setenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS", ctas)
     lens = [[97, 10, 40, 100, 140, 256], [70, 20, 62, 200, 256, 33]]
     case = make_padded(rng, 2, 6, 32, 256, dim, dtype=torch.float16, device="cuda", d_lens=lens,
@@ -341,14 +341,15 @@ def test_padded_few_long_pairs(ms, monkeypatch, rng, split):
 
 @PADDED_CTAS
 def test_padded_stale_nan_rows(ms, monkeypatch, rng, no_doc_split, ctas):
-    """Many steps per CTA of 70-, 33- and 10-row documents with NaN padding: a 70-row tile
-    loads three boxes (NaN in rows 70..95), and a later 10- or 33-row tile in the same ring
-    slots loads one or two, leaving those NaN rows in the slot past its last box. No score may
-    turn NaN, and every one must match the reference."""
+    """Many steps per CTA (the ring's slots reused) of 100-, 70-, 40- and 10-row documents
+    with NaN padding: a 100-row tile loads four boxes (NaN in rows 100..127), and a later
+    70-row tile in the same slots loads three and reads rows 96..127 stale in its m64n128 MMA;
+    a 40-row tile leaves NaN in rows 40..63, which a later 10-row tile's m64n64 MMA (two CTAs
+    per SM) reads stale. No score may turn NaN, and every one must match the reference."""
     monkeypatch.setenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS", ctas)
-    B, C, lq, ld = 8, 100, 32, 96
-    choice = torch.randint(0, 3, (B, C), generator=rng)
-    d_lens = torch.tensor([70, 33, 10])[choice]
+    B, C, lq, ld = 8, 100, 32, 128
+    choice = torch.randint(0, 4, (B, C), generator=rng)
+    d_lens = torch.tensor([100, 70, 40, 10])[choice]
     case = make_padded(rng, B, C, lq, ld, 128, dtype=torch.bfloat16, device="cuda", d_lens=d_lens)
     d_pad = torch.arange(ld, device="cuda") >= case.doc_lengths[..., None]
     case.documents[d_pad] = float("nan")
