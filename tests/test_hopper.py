@@ -1,5 +1,5 @@
-"""The sm_90a contrastive kernel (warp-specialised, TMA + wgmma) against the float64
-reference and against the mma.sync kernels it replaces on Hopper.
+"""The sm_90a kernel (warp-specialised, TMA + wgmma; contrastive and padded surfaces) against
+the float64 reference and against the mma.sync kernels it replaces on Hopper.
 
 Runs only on a compute capability 9.0 GPU with a CUDA build (elsewhere the mma.sync kernels
 are the only path, and the rest of the suite covers them). MAXSIM_CUDA_FORCE_MMA_SYNC=1 is
@@ -20,7 +20,7 @@ import torch
 
 from conftest import (
     BACKENDS, as_padded_documents, assert_argmax, assert_grads, assert_scores, expected_grads,
-    load_kernel, make_contrastive, rand_lengths, run_train, unit,
+    lattice, load_kernel, make_contrastive, make_padded, rand_lengths, run_train, unit,
 )
 
 pytestmark = pytest.mark.skipif(
@@ -171,3 +171,189 @@ def test_unsorted_offsets(ms, monkeypatch, rng):
     torch.testing.assert_close(s_h.nan_to_num(), s_m.nan_to_num(), rtol=1e-5, atol=1e-4)
     good = ~s_h.isnan()
     assert (a_h[good] == a_m[good]).float().mean() > 0.99
+
+
+# ---- padded (rerank) surface ----------------------------------------------------------------
+# One consumer warpgroup per CTA, each step its own query and document (steps strided over the
+# CTAs), the query chunk in every ring slot. Bounded loads: a document's last tile arrives as
+# ceil(rows / 32) boxes of 32 rows and the query block as the 32-row boxes covering Lq; the
+# slot rows past them hold whatever an earlier tile left there. Tails of <= 32 / <= 64 rows run
+# m64n32 / m64n64 MMAs. The lengths below sit on and around every box and MMA-width edge.
+EDGE_LENS = [0, 1, 31, 32, 33, 63, 64, 65, 95, 96, 97, 127, 128, 129, 159, 160, 161, 191, 192, 193]
+
+PADDED_SHAPES = [
+    # B, C, Lq, Ld, D, document lengths (None: random up to Ld, the first and the last full)
+    (3, 20, 32, 261, 128, [EDGE_LENS, EDGE_LENS[::-1], [261] * 20]),
+    (5, 7, 32, 180, 128, None),             # SmallRerank-like ragged rows
+    (4, 3, 64, 300, 96, None),              # Lq = 64: two query boxes, zero-filled columns
+    (3, 4, 33, 97, 64, None),               # Lq = 33: a second query box of one row
+    (2, 3, 100, 129, 64, None),             # 64-row query chunks: 2 + 2 boxes
+    (2, 3, 70, 200, 128, None),             # chunks of 64 and 6 rows: 2 + 1 boxes
+    (4, 5, 20, 70, 8, None),                # the last query's box runs past the tensor
+    (2, 4, 1, 33, 40, [[33, 32, 31, 1], [0, 33, 2, 33]]),
+    # streamed past 128 columns (K-chunks; the last one of 8 real columns at 136 / 520)
+    (3, 20, 32, 261, 256, [EDGE_LENS, EDGE_LENS[::-1], [261] * 20]),
+    (3, 6, 32, 200, 136, None),
+    (2, 3, 70, 130, 520, None),
+    (3, 2, 32, 128, 1024, [[128, 127], [1, 0], [64, 65]]),
+]
+
+
+@pytest.fixture
+def no_doc_split(monkeypatch):
+    """Calls of at most one pair per SM with long documents go to the mma.sync kernels' document
+    split by default (hopper_leaves_to_doc_split); without the split they run here, whatever
+    the pair count."""
+    monkeypatch.setenv("MAXSIM_CUDA_DOC_SPLIT", "0")
+
+
+# Both shapes: two CTAs per SM with 4-slot rings (the default), or one with 8 slots (the
+# only one with the m64n32 tail).
+PADDED_CTAS = pytest.mark.parametrize("ctas", ["2", "1"], ids=["ctas2", "ctas1"])
+
+
+def _padded(rng, shape, dtype, **kw):
+    B, C, lq, ld, dim, d_lens = shape
+    if d_lens is None:
+        d_lens = rand_lengths(rng, (B, C), ld)
+        d_lens[-1, -1] = ld  # the tensor's last rows: its last box reads past the end
+    return make_padded(rng, B, C, lq, ld, dim, dtype=dtype, device="cuda", d_lens=d_lens, **kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("shape", PADDED_SHAPES, ids=[f"b{s[0]}_c{s[1]}_lq{s[2]}_ld{s[3]}_d{s[4]}" for s in PADDED_SHAPES])
+@PADDED_CTAS
+def test_padded_matches_reference_and_mma_sync(ms, monkeypatch, rng, shape, dtype, no_doc_split, ctas):
+    """Against the float64 reference and the mma.sync kernels; padding rows hold large
+    garbage (make_padded), so a column past a length that got into a max would show."""
+    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS", ctas)
+    case = _padded(rng, shape, dtype)
+    (s_h, a_h), (s_m, a_m) = both_paths(monkeypatch, lambda: case.call(ms, "_with_argmax"))
+    assert_scores(s_h, case)
+    assert_argmax(a_h, case)
+    torch.testing.assert_close(s_h, s_m, rtol=1e-5, atol=1e-4, equal_nan=True)
+    assert (a_h == a_m).float().mean() > 0.99
+    s_plain, _ = both_paths(monkeypatch, lambda: case.call(ms, ""))
+    torch.testing.assert_close(s_plain, s_h, rtol=0, atol=0, equal_nan=True)
+    again = case.call(ms, "_with_argmax")
+    assert torch.equal(again[0], s_h) and torch.equal(again[1], a_h)  # deterministic
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("dim", [64, 128, 520])
+@PADDED_CTAS
+def test_padded_exact_ties(ms, monkeypatch, rng, dim, dtype, no_doc_split, ctas):
+    """Lattice values: every similarity and score is exact, so scores must equal the reference
+    bit for bit and every argmax must be the lowest tied row, in full tiles, in tails of each
+    MMA width, and across tile and box boundaries."""
+    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS", ctas)
+    lens = [[0, 1, 31, 32, 33, 63], [64, 65, 127, 128, 129, 300], [150, 200, 255, 256, 257, 300]]
+    case = make_padded(rng, 3, 6, 32, 300, dim, dtype=dtype, device="cuda", d_lens=lens, values=lattice)
+    docs = case.documents
+    docs[1, 5, 140] = docs[1, 5, 12]   # across the first tile boundary
+    docs[2, 0, 149] = docs[2, 0, 130]  # inside a 22-row tail (m64n32)
+    docs[0, 5, 40] = docs[0, 5, 20]    # inside a 63-row tail (m64n64), across a box boundary
+    docs[1, 2, 100] = docs[1, 2, 3]    # inside a 127-row tail of 4 boxes
+    docs[2, 1, 190] = docs[2, 1, 129]  # inside a 72-row tail of 3 boxes
+    s_h, a_h = case.call(ms, "_with_argmax")
+    assert_scores(s_h, case, exact=True)
+    assert_argmax(a_h, case, exact=True)
+    monkeypatch.setenv("MAXSIM_CUDA_FORCE_MMA_SYNC", "1")
+    s_m, a_m = case.call(ms, "_with_argmax")
+    assert torch.equal(s_h, s_m) and torch.equal(a_h, a_m)
+
+
+@pytest.mark.parametrize("dim", [128, 256])
+@PADDED_CTAS
+def test_padded_nan_in_padding_and_documents(ms, monkeypatch, rng, dim, no_doc_split, ctas):
+    """NaN in every padding row (queries and documents): the rows past a length that a box
+    loads must not reach a score (stale slot rows: test_padded_stale_nan_rows). A NaN in a
+    real row must: the score is NaN and the argmax of every query row is its position, in
+    each tail width (32 at one CTA per SM, 64, 128) and a full tile."""
+    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS", ctas)
+    lens = [[97, 10, 40, 100, 140, 256], [70, 20, 62, 200, 256, 33]]
+    case = make_padded(rng, 2, 6, 32, 256, dim, dtype=torch.float16, device="cuda", d_lens=lens,
+                       q_lens=[30, 32])
+    q_pad = torch.arange(32, device="cuda") >= case.query_lengths[:, None]
+    d_pad = torch.arange(256, device="cuda") >= case.doc_lengths[..., None]
+    case.queries[q_pad] = float("nan")
+    case.documents[d_pad] = float("nan")
+    (s_h, a_h), (s_m, a_m) = both_paths(monkeypatch, lambda: case.call(ms, "_with_argmax"))
+    assert not s_h.isnan().any()
+    assert_scores(s_h, case)
+    assert_argmax(a_h, case)
+    torch.testing.assert_close(s_h, s_m, rtol=1e-5, atol=1e-4)
+    hits = {(1, 1): 19, (1, 2): 35, (1, 3): 197, (1, 4): 7}  # 32-, 64-, 128-wide tail, full tile
+    for (b, c), row in hits.items():
+        case.documents[b, c, row, 5] = float("nan")
+    s_h, a_h = case.call(ms, "_with_argmax")
+    for (b, c), row in hits.items():
+        assert s_h[b, c].isnan() and (a_h[b, c, :32] == row).all(), (b, c, a_h[b, c].tolist())
+    others = torch.ones_like(s_h, dtype=torch.bool)
+    for b, c in hits:
+        others[b, c] = False
+    assert not s_h[others].isnan().any()
+    assert_argmax(a_h, case)
+
+
+def test_padded_many_steps(ms, monkeypatch, rng):
+    """More steps than the grid has CTAs many times over (the strided walk, the ring wrapping),
+    ragged and near-empty documents, int32 lengths, against the mma.sync kernels."""
+    B, C, lq, ld = 24, 64, 32, 300
+    d_lens = rand_lengths(rng, (B, C), ld)
+    d_lens[torch.rand(B, C, generator=rng) < 0.2] = 1
+    d_lens[-1, -1] = ld
+    case = make_padded(rng, B, C, lq, ld, 128, dtype=torch.bfloat16, device="cuda", d_lens=d_lens,
+                       index_dtype=torch.int32)
+    (s_h, a_h), (s_m, a_m) = both_paths(monkeypatch, lambda: case.call(ms, "_with_argmax"))
+    torch.testing.assert_close(s_h, s_m, rtol=1e-5, atol=1e-4)
+    assert (a_h == a_m).float().mean() > 0.99
+    again = case.call(ms, "_with_argmax")
+    assert torch.equal(again[0], s_h) and torch.equal(again[1], a_h)
+
+
+@pytest.mark.parametrize("dim", [128, 320])
+def test_padded_train_gradients(ms, rng, dim, no_doc_split):
+    """The training form's forward runs here too; the backward consumes its argmax."""
+    lens = [[90, 130, 1, 64, 0], [33, 200, 31, 129, 96]]
+    case = make_padded(rng, 2, 5, 32, 200, dim, dtype=torch.bfloat16, device="cuda", d_lens=lens)
+    grad = unit(rng, *case.score_shape, device="cuda")
+    scores, gq, gd = run_train(ms, case, grad)
+    assert_scores(scores, case)
+    _, argmax = case.call(ms, "_with_argmax")
+    eq, ed, bound_q, bound_d = expected_grads(case, grad, argmax)
+    assert_grads(gq, eq, bound_q, case.queries.dtype)
+    assert_grads(gd, ed, bound_d, case.queries.dtype)
+
+
+@pytest.mark.parametrize("split", ["0", "1"], ids=["here", "doc_split"])
+def test_padded_few_long_pairs(ms, monkeypatch, rng, split):
+    """LongDocStress-like: fewer pairs than SMs, 1030-row documents (eight full tiles and a
+    6-row tail) in this kernel, or by default cut over CTAs by the mma.sync kernels."""
+    monkeypatch.setenv("MAXSIM_CUDA_DOC_SPLIT", split)
+    lens = [[1030, 1029, 1024, 1000], [7, 1030, 640, 0]]
+    case = make_padded(rng, 2, 4, 32, 1030, 128, dtype=torch.float16, device="cuda", d_lens=lens)
+    (s_h, a_h), (s_m, a_m) = both_paths(monkeypatch, lambda: case.call(ms, "_with_argmax"))
+    assert_scores(s_h, case)
+    assert_argmax(a_h, case)
+    torch.testing.assert_close(s_h, s_m, rtol=1e-5, atol=1e-4, equal_nan=True)
+
+
+@PADDED_CTAS
+def test_padded_stale_nan_rows(ms, monkeypatch, rng, no_doc_split, ctas):
+    """Many steps per CTA (the ring's slots reused) of 100-, 70-, 40- and 10-row documents
+    with NaN padding: a 100-row tile loads four boxes (NaN in rows 100..127), and a later
+    70-row tile in the same slots loads three and reads rows 96..127 stale in its m64n128 MMA;
+    a 40-row tile leaves NaN in rows 40..63, which a later 10-row tile's m64n64 MMA (two CTAs
+    per SM) reads stale. No score may turn NaN, and every one must match the reference."""
+    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS", ctas)
+    B, C, lq, ld = 8, 100, 32, 128
+    choice = torch.randint(0, 4, (B, C), generator=rng)
+    d_lens = torch.tensor([100, 70, 40, 10])[choice]
+    case = make_padded(rng, B, C, lq, ld, 128, dtype=torch.bfloat16, device="cuda", d_lens=d_lens)
+    d_pad = torch.arange(ld, device="cuda") >= case.doc_lengths[..., None]
+    case.documents[d_pad] = float("nan")
+    s_h, a_h = case.call(ms, "_with_argmax")
+    assert not s_h.isnan().any()
+    assert_scores(s_h, case)
+    assert_argmax(a_h, case)

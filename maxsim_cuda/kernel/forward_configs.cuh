@@ -91,12 +91,41 @@ cudaError_t launch_contrastive_hopper_streamed(const ForwardParams& p, bool& ran
   return run_forward_hopper<T, HopperShape<64, 5, 3, true>>(p, pol, ep, ran);
 }
 
+// Padded (rerank) on sm_90a: one consumer warpgroup per CTA, each step its own query and
+// document, steps strided over the CTAs (PaddedGrid::kStrided). The query changes from one
+// step to the next, so every ring slot carries its query chunk (the streamed shape, any
+// dim; 8 KB reserved, 4 KB loaded for Lq <= 32) and a 16 KB document chunk, loaded only up
+// to the document's length (PaddedGrid::kBoundedLoads). Either way 128 KB of documents are
+// in flight per SM: one CTA with 8 slots, or two CTAs with 4 slots each. Two (the default)
+// keep two steps' MMAs, folds and epilogues going per SM, so one CTA's epilogue overlaps the
+// other's MMAs, and a call of few steps (SmallRerank: 320) spreads over twice the CTAs.
+// MAXSIM_CUDA_HOPPER_PADDED_CTAS=1|2 picks (read per call, for experiments).
+inline PaddedGrid make_padded_grid(const ForwardParams& p) {
+  return PaddedGrid{IndexView(p.query_lengths), IndexView(p.doc_lengths), p.num_queries, p.cands, p.lq, p.ld};
+}
+inline int hopper_padded_ctas_per_sm() {
+  const char* e = std::getenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS");
+  return e != nullptr && e[0] == '1' ? 1 : 2;
+}
+template <class T>
+cudaError_t launch_padded_hopper(const ForwardParams& p, bool& ran) {
+  const PaddedGrid pol = make_padded_grid(p);
+  const EpilogueArgs ep = make_args<T>(p).ep;
+  if (hopper_padded_ctas_per_sm() == 1) return run_forward_hopper<T, HopperShape<64, 8, 1, true>>(p, pol, ep, ran);
+  return run_forward_hopper<T, HopperShape<64, 4, 1, true, 2>>(p, pol, ep, ran);
+}
+
 template <class T, int SURF>
 cudaError_t launch_forward_mma(const ForwardParams& p) {
-  if constexpr (is_contrastive(SURF)) {
-    if (p.dim <= 128 && hopper_contrastive_applies(p)) {
+  if constexpr (is_contrastive(SURF) || SURF == 0) {
+    if (p.dim <= 128 && hopper_applies(p)) {
       bool ran = false;
-      const cudaError_t err = launch_contrastive_hopper<T, SURF>(p, ran);
+      cudaError_t err;
+      if constexpr (SURF == 0) {
+        err = launch_padded_hopper<T>(p, ran);
+      } else {
+        err = launch_contrastive_hopper<T, SURF>(p, ran);
+      }
       if (ran || err != cudaSuccess) return err;
     }
   }
@@ -185,10 +214,15 @@ struct MmaKRerankK128 { using type = MmaKMainloop<T, 32, 64, 2, 2, 128, 4, 2>; }
 // Explicitly instantiated per (dtype, surface) in forward_<dtype>_kchunk_<surface>.cu.
 template <class T, int SURF>
 cudaError_t launch_forward_mma_k(const ForwardParams& p) {
-  if constexpr (is_contrastive(SURF)) {
-    if (hopper_contrastive_applies(p)) {
+  if constexpr (is_contrastive(SURF) || SURF == 0) {
+    if (hopper_applies(p)) {
       bool ran = false;
-      const cudaError_t err = launch_contrastive_hopper_streamed<T, SURF>(p, ran);
+      cudaError_t err;
+      if constexpr (SURF == 0) {
+        err = launch_padded_hopper<T>(p, ran);
+      } else {
+        err = launch_contrastive_hopper_streamed<T, SURF>(p, ran);
+      }
       if (ran || err != cudaSuccess) return err;
     }
   }

@@ -1,5 +1,5 @@
-// The contrastive forward on sm_90a: warp-specialised, TMA-fed, wgmma. fp16/bf16, dim a
-// multiple of 8; queries longer than 64 rows run as 64-row chunks.
+// The contrastive and padded (rerank) forward on sm_90a: warp-specialised, TMA-fed, wgmma.
+// fp16/bf16, dim a multiple of 8; queries longer than 64 rows run as 64-row chunks.
 //
 // Roles. One producer warp (one elected lane) walks the CTA's steps, reads each document's
 // rows (one step ahead) and issues TMA tile loads into a ring of kStages slots guarded by
@@ -15,14 +15,21 @@
 //
 // Operands (HopperShape). dim <= 128, resident: the query blocks are loaded once per set
 // (single buffer, reloaded after every warpgroup released it: qempty) and a slot holds a
-// whole document tile. dim > 128, streamed: a slot holds one 64-column K-chunk of the tile
-// and of every block, and a tile's MMAs accumulate over ceil(dim / 64) slots.
+// whole document tile. dim > 128 (padded: any dim), streamed: a slot holds one 64-column
+// K-chunk of the tile and of every block, and a tile's MMAs accumulate over ceil(dim / 64)
+// slots.
 //
 // Schedule. Steps are (set, document) in set-major order, split contiguously over a
-// persistent grid like the mma.sync kernel.
+// persistent grid like the mma.sync kernel (contrastive), or strided over it (padded: each
+// step its own query and document, one consumer warpgroup, the query in every slot).
 //
-// Where a tile runs past its document (the next document's rows, or zero rows past the
-// tensor), the fold masks those columns; columns past dim arrive as zeros. Query rows past a
+// Bounded loads (padded): a document's last tile, and the query block, arrive as 32-row
+// boxes up to their lengths instead of whole boxes, so a short document costs its own rows
+// and not the padding after them; m64n64 / m64n32 MMAs run its short tails.
+//
+// Where a tile runs past its document (the next document's rows, zero rows past the tensor,
+// or stale rows past a bounded load's last box), the fold masks those columns by select, so
+// not even a NaN there gets in; columns past dim arrive as zeros. Query rows past a
 // segment's length are scored and never reported, as in the mma.sync kernels. Host side: the
 // tensor maps (encoded through the runtime's driver entry point, no libcuda link) and the
 // checks that pick this path. Torch-free.
@@ -57,9 +64,10 @@ __device__ __forceinline__ V uniform(V v) {
 // Streamed (STREAM, any dim): a ring slot holds one 64-column K-chunk of the tile and of
 // every consumer's query block, and a tile's MMAs accumulate over ceil(dim / 64) slots, as a
 // GEMM mainloop does; the query chunks come from L2 again for every tile.
-template <int KD_, int STAGES_, int CONSUMERS_, bool STREAM_ = false>
+template <int KD_, int STAGES_, int CONSUMERS_, bool STREAM_ = false, int CTAS_ = 1>
 struct HopperShape {
   static constexpr bool kStream = STREAM_;
+  static constexpr int kCtasPerSm = CTAS_;  // resident CTAs an SM is planned for
   static constexpr int KD = kStream ? 64 : KD_, KB = KD / 64;  // 64-column (128-byte) swizzle blocks per slot
   static constexpr int BM = 64;                                 // query rows per consumer warpgroup
   static constexpr int BN = 128;                                // document rows per tile
@@ -83,6 +91,7 @@ struct TileInfo {
   int64_t doc, len;  // len: the document's rows (0 when bad)
   int32_t tile;      // index within the document
   int32_t flags;     // kTileOk: offsets valid; kTileLast: the document's last tile
+  int32_t qlen;      // strided walks (a query per step): the query's length (policy qlen_of)
 };
 constexpr int32_t kTileOk = 1, kTileLast = 2;
 
@@ -132,6 +141,12 @@ __device__ __forceinline__ int64_t block_row0(const HopperParams<Policy>& hp, in
   return q * hp.pol.Lq + (b - q * hp.nchunks) * 64;
 }
 
+// The query of block b (the first of its stacked queries).
+template <class Policy>
+__device__ __forceinline__ int64_t block_query(const HopperParams<Policy>& hp, int64_t b) {
+  return hp.nchunks == 1 ? b * hp.pol.G : div_nonneg(b, hp.nchunks);
+}
+
 // Epilogue of one 64-row chunk of a long query (all 128 threads of the warpgroup): argmax
 // of its rows, and the ordered sum of its valid rows' maxima into hp.partial. finish_chunk
 // with a chunk-sum destination could do this too, but its general row pass (stacked
@@ -172,57 +187,133 @@ __global__ void sum_query_chunks(const float* partial, float* scores, int64_t nq
   scores[k] = acc;
 }
 
-// (set, document) of consecutive steps in set-major order, without a divide per step.
-struct SetMajorWalk {
-  int64_t set, n, Nb;
-  __device__ __forceinline__ SetMajorWalk(int64_t s, int64_t Nb_) : set(div_nonneg(s, Nb_)), n(0), Nb(Nb_) {
+// The steps (set, document) a CTA walks, set-major. Contiguous: the CTA's range of
+// consecutive steps, so a set's blocks stay for a run of documents (no divide per step).
+// Strided (the padded grid): steps blockIdx.x, + gridDim.x, ..., so the CTAs stream
+// neighbouring documents at the same time (measured: the contiguous split's 132 separate
+// streams reach ~72% of HBM bandwidth).
+template <bool STRIDED>
+struct StepWalk {
+  int64_t s, end, set, n, Nb;
+  __device__ __forceinline__ StepWalk(StepRange r, int64_t Nb_)
+      : s(r.begin), end(r.end), set(div_nonneg(r.begin, Nb_)), n(0), Nb(Nb_) {
     n = s - set * Nb;
   }
+  __device__ __forceinline__ bool more() const { return s < end; }
   __device__ __forceinline__ void next() {
-    if (++n == Nb) {
-      n = 0;
-      ++set;
+    if (STRIDED) {
+      s += gridDim.x;
+      set = div_nonneg(s, Nb);
+      n = s - set * Nb;
+    } else {
+      ++s;
+      if (++n == Nb) {
+        n = 0;
+        ++set;
+      }
     }
   }
 };
+// This CTA's steps: [begin, end) contiguous, or (strided) begin, begin + gridDim.x, ... < end.
+template <bool STRIDED>
+__device__ __forceinline__ StepRange walk_range(int64_t total) {
+  return STRIDED ? StepRange{blockIdx.x, total} : cta_steps(total, gridDim.x, blockIdx.x);
+}
+
+// Rows of a bounded load's box (Policy::kBoundedLoads): four of them at 4 KB offsets leave
+// the same 128-byte-swizzled image as one 128-row box (the swizzle atom is 8 rows, 1 KB).
+constexpr int kBoxRows = 32;
+constexpr uint32_t kBoxBytes = kBoxRows * 128;
+
+// Query boxes block b is loaded with: one 64-row box, or (bounded) the 32-row boxes that
+// cover its query's rows; the block rows past them keep stale data, which only reaches
+// accumulator rows that are never reported (the epilogue sums and reports rows < qlen).
+template <class Policy>
+__device__ __forceinline__ int query_boxes(const HopperParams<Policy>& hp, int64_t b) {
+  if constexpr (!Policy::kBoundedLoads) {
+    return 1;
+  } else {
+    int64_t rows = hp.pol.Lq * hp.pol.G;
+    if (hp.nchunks > 1) rows = hp.pol.Lq - (b - div_nonneg(b, hp.nchunks) * hp.nchunks) * 64;
+    rows = rows < 64 ? rows : 64;
+    return static_cast<int>((rows + kBoxRows - 1) / kBoxRows);
+  }
+}
 
 // The producer: one lane. Document rows for step s + 1 are read while step s's tiles are
 // issued, so their latency stays off the ring. A tile takes one slot (resident), or one per
-// K-chunk (streamed); a document without rows takes one slot without data.
+// K-chunk (streamed); a document without rows takes one slot without data. Bounded loads:
+// a tile with fewer than BN rows left is loaded as ceil(rows / 32) 32-row boxes (tmap), and
+// the slot's expected bytes are exactly those boxes' (TMA counts a whole box, zero-filled
+// rows past the tensor included); the slot rows past them are stale, and the consumers'
+// fold masks their columns by select.
 template <class Shape, class Policy>
 __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const HopperParams<Policy>& hp, StepRange range,
-                                               const CUtensorMap* qmap, const CUtensorMap* dmap) {
+                                               const CUtensorMap* qmap, const CUtensorMap* dmap,
+                                               const CUtensorMap* tmap) {
   constexpr int S = Shape::kStages, BN = Shape::BN, KB = Shape::KB, C = Shape::kConsumers;
+  constexpr uint32_t kRowBytes = Shape::kRowBytes;
   const Policy& pol = hp.pol;
   int it = 0;
   int64_t cur_set = -1;
   uint32_t qround = 0;
-  int blocks = 0;    // query blocks of the current set
-  int64_t first = 0;  // its first block
-  SetMajorWalk walk(range.begin, pol.Nb);
+  int blocks = 0;       // query blocks of the current set
+  int64_t first = 0;    // its first block
+  uint32_t qbytes = 0;  // the bytes of one K-block of the set's query blocks
+  // The padded grid's documents belong to one query: its sets must be single blocks.
+  static_assert(C == 1 || !std::is_same_v<Policy, PaddedGrid>, "padded: one consumer");
+  prefetch_tensormap(qmap);
+  prefetch_tensormap(dmap);
+  if constexpr (Policy::kBoundedLoads) prefetch_tensormap(tmap);
+  StepWalk<Policy::kStrided> walk(range, pol.Nb);
   int64_t row0 = 0, len = 0;
-  bool ok = pol.docs.rows(walk.n, row0, len);
-  for (int64_t s = range.begin; s < range.end; ++s) {
+  bool ok = pol.doc_rows(block_query(hp, walk.set * C), walk.n, row0, len);
+  // A strided walk changes the query every step: its length travels in the TileInfo, read
+  // here a step ahead like the document's rows, instead of by the consumers per step
+  // (a global read and two warpgroup barriers in front of every step's first tile).
+  auto query_len = [&](int64_t set) -> int32_t {
+    if constexpr (Policy::kStrided) {
+      return static_cast<int32_t>(pol.qlen_of(block_query(hp, set * C)));
+    } else {
+      return 0;
+    }
+  };
+  int32_t qlen = query_len(walk.set);
+  // Query block g of the set, K-block at column x, into dst (the boxes query_boxes counts).
+  auto load_query = [&](uint32_t dst, uint32_t bar, int g, int x) {
+    const int row = static_cast<int>(block_row0(hp, first + g));
+    if constexpr (Policy::kBoundedLoads) {
+      const int boxes = query_boxes(hp, first + g);
+      for (int j = 0; j < boxes; ++j) tma_load_2d(dst + j * kBoxBytes, qmap, bar, x, row + j * kBoxRows);
+    } else {
+      tma_load_2d(dst, qmap, bar, x, row);
+    }
+  };
+  while (walk.more()) {
     const int64_t cur_n = walk.n, cur_row0 = row0, cur_len = ok ? len : 0;
     const bool cur_ok = ok;
+    const int32_t cur_qlen = qlen;
     const int64_t this_set = walk.set;
     walk.next();
-    if (s + 1 < range.end) {  // next step's index reads, consumed one iteration later
+    if (walk.more()) {  // next step's index reads, consumed one iteration later
       row0 = len = 0;
-      ok = pol.docs.rows(walk.n, row0, len);
+      ok = pol.doc_rows(block_query(hp, walk.set * C), walk.n, row0, len);
+      qlen = query_len(walk.set);
     }
     if (this_set != cur_set) {
       first = this_set * C;
       blocks = static_cast<int>(hp.blocks - first < C ? hp.blocks - first : C);
+      qbytes = 0;
+      for (int g = 0; g < blocks; ++g) {
+        qbytes += Policy::kBoundedLoads ? uint32_t(query_boxes(hp, first + g)) * kBoxBytes : Shape::kQueryBlockBytes / KB;
+      }
       if constexpr (!Shape::kStream) {
         if (cur_set >= 0) mbar_wait(smem_addr(&sm.qempty), (qround++) & 1);
-        mbar_arrive_expect_tx(smem_addr(&sm.qfull), uint32_t(blocks) * Shape::kQueryBlockBytes);
+        mbar_arrive_expect_tx(smem_addr(&sm.qfull), KB * qbytes);
         for (int g = 0; g < blocks; ++g) {
-          const int row = static_cast<int>(block_row0(hp, first + g));
 #pragma unroll
           for (int kb = 0; kb < KB; ++kb) {
-            tma_load_2d(smem_addr(sm.query[g]) + kb * Shape::BM * Shape::kRowBytes, qmap, smem_addr(&sm.qfull),
-                        kb * 64, row);
+            load_query(smem_addr(sm.query[g]) + kb * Shape::BM * kRowBytes, smem_addr(&sm.qfull), g, kb * 64);
           }
         }
       }
@@ -231,11 +322,15 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
     const bool data = cur_len > 0;
     const int64_t ntiles = data ? (cur_len + BN - 1) / BN : 1;
     const int nk = Shape::kStream && data ? hp.kchunks : 1;
-    const uint32_t tx = !data ? 0u : (Shape::kStream ? uint32_t(blocks) * Shape::kQueryBlockBytes : 0u) + Shape::kDocBytes;
     for (int64_t t = 0; t < ntiles; ++t) {
       const int drow = static_cast<int>(cur_row0 + t * BN);
+      const int64_t left = cur_len - t * BN;
+      // 0: the whole tile as one box
+      const int boxes = Policy::kBoundedLoads && left < BN ? static_cast<int>((left + kBoxRows - 1) / kBoxRows) : 0;
+      const uint32_t dbytes = boxes > 0 ? KB * uint32_t(boxes) * kBoxBytes : Shape::kDocBytes;
+      const uint32_t tx = !data ? 0u : (Shape::kStream ? qbytes : 0u) + dbytes;
       const TileInfo info{cur_n, cur_len, static_cast<int32_t>(t),
-                          (cur_ok ? kTileOk : 0) | (t + 1 == ntiles ? kTileLast : 0)};
+                          (cur_ok ? kTileOk : 0) | (t + 1 == ntiles ? kTileLast : 0), cur_qlen};
       for (int kc = 0; kc < nk; ++kc, ++it) {
         const int stage = it % S;
         const uint32_t full = smem_addr(&sm.full[stage]), slot = smem_addr(sm.slot[stage]);
@@ -245,14 +340,17 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
         if (!data) continue;
         if constexpr (Shape::kStream) {
 #pragma unroll
-          for (int g = 0; g < blocks; ++g) {
-            tma_load_2d(slot + g * Shape::kQueryBlockBytes, qmap, full, kc * 64,
-                        static_cast<int>(block_row0(hp, first + g)));
-          }
-          tma_load_2d(slot + Shape::kQueryInSlot, dmap, full, kc * 64, drow);
-        } else {
+          for (int g = 0; g < blocks; ++g) load_query(slot + g * Shape::kQueryBlockBytes, full, g, kc * 64);
+        }
 #pragma unroll
-          for (int kb = 0; kb < KB; ++kb) tma_load_2d(slot + kb * BN * Shape::kRowBytes, dmap, full, kb * 64, drow);
+        for (int kb = 0; kb < KB; ++kb) {
+          const uint32_t dst = slot + Shape::kQueryInSlot + kb * BN * kRowBytes;
+          const int x = Shape::kStream ? kc * 64 : kb * 64;
+          if (boxes == 0) {
+            tma_load_2d(dst, dmap, full, x, drow);
+          } else {
+            for (int j = 0; j < boxes; ++j) tma_load_2d(dst + j * kBoxBytes, tmap, full, x, drow + j * kBoxRows);
+          }
         }
       }
     }
@@ -260,17 +358,16 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
 }
 
 // This warpgroup's MMAs for one tile whose first slot (`it`) is full: S[64 x N] = Q block *
-// tile^T over all columns, N = 128, or 64 (NARROW) when at most 64 document rows are left.
-// Releases the tile's slots and returns the slot counter past them. Descriptors of the k16
-// steps are the base descriptors plus constant offsets (the address field is addr / 16 and
-// the operands lie below 256 KB, so the add never carries out of it).
+// tile^T over all columns, N = 128, or 64 / 32 (narrow) when at most N document rows are
+// left. Releases the tile's slots and returns the slot counter past them. Descriptors of the
+// k16 steps are the base descriptors plus constant offsets (the address field is addr / 16
+// and the operands lie below 256 KB, so the add never carries out of it).
 // Streamed: one slot per K-chunk; a chunk's MMAs are issued before the previous chunk's
 // finish (wait_group 1), and a slot is released once its MMAs have read it.
-template <class T, class Shape, bool NARROW>
-__device__ __forceinline__ int hopper_tile_mma(HopperSmem<Shape>& sm, float (&acc)[NARROW ? Shape::NT / 2 : Shape::NT][4],
-                                               int g, int it, int nk) {
+template <class T, class Shape, int N>
+__device__ __forceinline__ int hopper_tile_mma(HopperSmem<Shape>& sm, float (&acc)[N / 8][4], int g, int it, int nk) {
   constexpr int S = Shape::kStages;
-  using Mma = WgmmaM64<T, NARROW ? 64 : 128>;
+  using Mma = WgmmaM64<T, N>;
   fence_registers(acc);
   if constexpr (!Shape::kStream) {
     const int stage = it % S;
@@ -329,8 +426,7 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
   int64_t cur_set = -1, qb = 0, query = 0, chunk = 0;
   uint32_t qround = 0;
   bool active = false;
-  SetMajorWalk walk(range.begin, pol.Nb);
-  for (int64_t s = range.begin; s < range.end; ++s, walk.next()) {
+  for (StepWalk<Policy::kStrided> walk(range, pol.Nb); walk.more(); walk.next()) {
     const int64_t set = walk.set, n = walk.n;
     if (set != cur_set) {
       // every MMA on the old blocks has drained (streamed shapes keep no blocks)
@@ -342,7 +438,7 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
         query = div_nonneg(qb, hp.nchunks);
         chunk = qb - query * hp.nchunks;
       }
-      if (active) {  // the block's query lengths, read once per block
+      if (active && !Policy::kStrided) {  // the block's query lengths, read once per block
         const int nseg = hp.nchunks > 1 ? 1
                                         : static_cast<int>(pol.Nq - qb * pol.G < pol.G ? pol.Nq - qb * pol.G : pol.G);
         const int64_t q0 = hp.nchunks > 1 ? query : qb * pol.G;
@@ -366,16 +462,26 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
       const bool work = active && left > 0;
       const int nk = Shape::kStream && info.len > 0 ? hp.kchunks : 1;  // the tile's slots
       // Accumulators live from the MMAs to the fold only (the first k-step overwrites them);
-      // the narrow MMA gets its own set (sharing one made ptxas serialise them, C7511).
-      // Streamed shapes have no narrow path: with two K-loops ptxas needs ~25 more registers
-      // and spills (3 warpgroups, capped at 128) or serialises the MMAs (4, capped at 96).
-      if (!Shape::kStream && work && left <= 64) {
-        float acc[1][Shape::NT / 2][4];
-        it = hopper_tile_mma<T, Shape, true>(sm, acc[0], g, it, nk);
+      // each narrow MMA gets its own set (sharing one made ptxas serialise them, C7511).
+      // Streamed shapes with several consumers have no narrow path: with two K-loops ptxas
+      // needs ~25 more registers and spills (3 warpgroups, capped at 128) or serialises the
+      // MMAs (4, capped at 96); one consumer (the padded grid) is capped at 255.
+      // N = 32 only on the bounded-load (padded) grid, where the contrastive shapes are left
+      // as they were measured, and at one CTA per SM: its 16 accumulators get registers of
+      // their own (184 in all); at two CTAs per SM (capped at 168) ptxas then spills.
+      constexpr bool kNarrow = !Shape::kStream || C == 1;
+      constexpr bool kNarrow32 = kNarrow && Policy::kBoundedLoads && Shape::kCtasPerSm == 1;
+      if (kNarrow32 && work && left <= 32) {
+        float acc[1][4][4];
+        it = hopper_tile_mma<T, Shape, 32>(sm, acc[0], g, it, nk);
+        row_max.fold(acc, lane, 0, left, info.tile * BN, hp.ep.with_argmax);
+      } else if (kNarrow && work && left <= 64) {
+        float acc[1][8][4];
+        it = hopper_tile_mma<T, Shape, 64>(sm, acc[0], g, it, nk);
         row_max.fold(acc, lane, 0, left, info.tile * BN, hp.ep.with_argmax);
       } else if (work) {
         float acc[1][Shape::NT][4];
-        it = hopper_tile_mma<T, Shape, false>(sm, acc[0], g, it, nk);
+        it = hopper_tile_mma<T, Shape, 128>(sm, acc[0], g, it, nk);
         row_max.fold(acc, lane, 0, left, info.tile * BN, hp.ep.with_argmax);
       } else {  // nothing to compute here: pass the tile's slots on
         mbar_arrive(smem_addr(&sm.empty[stage]));
@@ -388,12 +494,13 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
     } while (!(info.flags & kTileLast));
     if (active) {
       const bool ok = (info.flags & kTileOk) != 0;
+      const int64_t qlen0 = Policy::kStrided ? int64_t(info.qlen) : epi.seg_qlen[0];
       row_max.reduce(epi.red_m, epi.red_i, lane, warp, 0);
       if (hp.nchunks > 1) {
-        const StepDesc d = pol.step_at(query, n, ok, 0, info.len, epi.seg_qlen[0]);
+        const StepDesc d = pol.step_at(query, n, ok, 0, info.len, qlen0);
         finish_query_chunk(epi, hp, d, query, chunk, n, tid, sync);
       } else {
-        const StepDesc d = pol.step_at(qb, n, ok, 0, info.len, epi.seg_qlen[0]);
+        const StepDesc d = pol.step_at(qb, n, ok, 0, info.len, qlen0);
         finish_chunk<float, Shape::BM, 1, 128>(epi, d, 0, 1, carry, hp.ep, tid, sync);
       }
     }
@@ -401,14 +508,14 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
 }
 
 template <class T, class Shape, class Policy>
-__global__ void __launch_bounds__(Shape::kThreads, 1)
+__global__ void __launch_bounds__(Shape::kThreads, Shape::kCtasPerSm)
     maxsim_forward_hopper_kernel(const HopperParams<Policy> hp, const __grid_constant__ CUtensorMap qmap,
-                                 const __grid_constant__ CUtensorMap dmap) {
+                                 const __grid_constant__ CUtensorMap dmap, const __grid_constant__ CUtensorMap tmap) {
 #if MAXSIM_HAS_WGMMA
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t pad = ((smem_addr(smem_raw) + 1023u) & ~1023u) - smem_addr(smem_raw);
   auto& sm = *reinterpret_cast<HopperSmem<Shape>*>(smem_raw + pad);
-  const StepRange range = cta_steps(hp.sets * hp.pol.Nb, gridDim.x, blockIdx.x);
+  const StepRange range = walk_range<Policy::kStrided>(hp.sets * hp.pol.Nb);
   if (range.begin >= range.end) return;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Shape::kStages; ++s) {
@@ -421,7 +528,7 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
   }
   __syncthreads();
   if (uniform(threadIdx.x / 32) == Shape::kProducerWarp) {
-    if (threadIdx.x % 32 == 0) hopper_produce<Shape>(sm, hp, range, &qmap, &dmap);
+    if (threadIdx.x % 32 == 0) hopper_produce<Shape>(sm, hp, range, &qmap, &dmap, &tmap);
     return;
   }
   hopper_consume<T, Shape>(sm, hp, range);
@@ -504,24 +611,37 @@ bool rows_map(CUtensorMap& map, const void* base, int64_t rows, int64_t dim, int
   return true;
 }
 
-// Whether the Hopper kernel takes this call (else the caller runs the mma.sync kernels).
-// dim <= 128 runs the resident shapes, anything wider the streamed ones.
-inline bool hopper_contrastive_applies(const ForwardParams& p) {
+// Padded calls of at most one pair per SM with long documents (LongDocStress): the mma.sync
+// kernels cut each document over several CTAs (SplitDocs, doc_parts in forward_kernel.cuh,
+// whose rule this is at two CTAs per SM and 64-row tiles); this kernel keeps a pair on one
+// CTA, so it leaves them those calls. MAXSIM_CUDA_DOC_SPLIT=0 (no split) keeps them here.
+inline bool hopper_leaves_to_doc_split(const ForwardParams& p) {
+  if (p.surface != Surface::kPadded) return false;
+  const char* e = std::getenv("MAXSIM_CUDA_DOC_SPLIT");
+  if (e != nullptr && e[0] == '0') return false;
+  return p.pairs <= p.num_sms && p.ld >= 256;
+}
+
+// Whether the Hopper kernel takes this padded or contrastive call (else the caller runs the
+// mma.sync kernels). Contrastive: dim <= 128 runs the resident shapes, anything wider the
+// streamed ones; padded: the streamed shape at any dim.
+inline bool hopper_applies(const ForwardParams& p) {
   constexpr int64_t kCoordLimit = (int64_t(1) << 31) - 256;  // TMA coordinates are int32
   return p.lq >= 1 && p.dim >= 8 && p.dim % 8 == 0 && p.dim < kCoordLimit && p.num_queries > 0 &&
          p.num_docs > 0 && p.q_rows > 0 && p.d_rows > 0 && p.q_rows < kCoordLimit && p.d_rows < kCoordLimit &&
          reinterpret_cast<uintptr_t>(p.queries) % 16 == 0 && reinterpret_cast<uintptr_t>(p.documents) % 16 == 0 &&
-         !force_mma_sync() && wgmma_compiled_for_current_device();
+         !force_mma_sync() && !hopper_leaves_to_doc_split(p) && wgmma_compiled_for_current_device();
 }
 
-// dim > 128 on sm_90a: the dispatcher sends these contrastive calls to the K-streaming
-// launcher (launch_forward_mma_k), which tries the streamed shapes first.
+// dim > 128 on sm_90a: the dispatcher sends these padded and contrastive calls to the
+// K-streaming launcher (launch_forward_mma_k), which tries the streamed shapes first.
 inline bool hopper_streamed_wanted(const ForwardParams& p) {
-  return is_contrastive(static_cast<int>(p.surface)) && p.dim > 128 && hopper_contrastive_applies(p);
+  return p.surface != Surface::kPacked && p.dim > 128 && hopper_applies(p);
 }
 
-// 64-row query blocks of a call: the policy's blocks of 64 / Lq stacked queries
-// (make_contrastive(p, 64)), or, for Lq > 64, ceil(Lq / 64) chunks of every query.
+// 64-row query blocks of a call: the contrastive policy's blocks of 64 / Lq stacked queries
+// (make_contrastive(p, 64)), padded: one query a block; for Lq > 64, ceil(Lq / 64) chunks
+// of every query.
 struct HopperBlocks {
   int64_t blocks, nchunks;
 };
@@ -530,7 +650,7 @@ inline HopperBlocks hopper_blocks(const ForwardParams& p) {
     const int64_t nchunks = (p.lq + 63) / 64;
     return {p.num_queries * nchunks, nchunks};
   }
-  int64_t g = 64 / p.lq;
+  int64_t g = p.surface == Surface::kPadded ? 1 : 64 / p.lq;
   if (g > p.num_queries) g = p.num_queries;
   if (g < 1) g = 1;
   return {(p.num_queries + g - 1) / g, 1};
@@ -539,11 +659,15 @@ inline HopperBlocks hopper_blocks(const ForwardParams& p) {
 template <class T, class Shape, class Policy>
 cudaError_t run_forward_hopper(const ForwardParams& p, const Policy& pol, const EpilogueArgs& ep, bool& ran) {
   ran = false;
-  CUtensorMap qmap, dmap;
-  if (!rows_map<T>(qmap, p.queries, p.q_rows, p.dim, Shape::BM) ||
-      !rows_map<T>(dmap, p.documents, p.d_rows, p.dim, Shape::BN)) {
+  // tmap: the documents in 32-row boxes (bounded loads' short tiles; else never read).
+  constexpr bool kBounded = Policy::kBoundedLoads;
+  CUtensorMap qmap, dmap, tmap;
+  if (!rows_map<T>(qmap, p.queries, p.q_rows, p.dim, kBounded ? kBoxRows : Shape::BM) ||
+      !rows_map<T>(dmap, p.documents, p.d_rows, p.dim, Shape::BN) ||
+      (kBounded && !rows_map<T>(tmap, p.documents, p.d_rows, p.dim, kBoxRows))) {
     return cudaSuccess;  // not taken: the mma.sync kernels run instead
   }
+  if (!kBounded) tmap = dmap;
   static_assert(Shape::BM == 64, "hopper_blocks counts 64-row blocks");
   const HopperBlocks hb = hopper_blocks(p);
   HopperParams<Policy> hp;
@@ -564,16 +688,24 @@ cudaError_t run_forward_hopper(const ForwardParams& p, const Policy& pol, const 
   }
   auto kern = maxsim_forward_hopper_kernel<T, Shape, Policy>;
   constexpr size_t smem = HopperSmem<Shape>::bytes();
-  static bool configured[64] = {false};
+  // sm_90: 228 KB of shared memory per SM, 1 KB of it reserved per resident CTA
+  static_assert(Shape::kCtasPerSm * (smem + 1024) <= 228 * 1024, "the planned CTAs per SM do not fit");
+  // Resident CTAs per SM, cached per device: the shape's plan, or fewer if the device
+  // says so (a grid planned for two per SM that got one would run in two waves).
+  static int occupancy[64] = {0};
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
-  if (!configured[dev & 63]) {
+  int& occ = occupancy[dev & 63];
+  if (occ == 0) {
     err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (err != cudaSuccess) return err;
-    configured[dev & 63] = true;
+    int o = 0;
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, kern, Shape::kThreads, smem);
+    if (err != cudaSuccess) return err;
+    occ = o < 1 ? 1 : (o > Shape::kCtasPerSm ? Shape::kCtasPerSm : o);
   }
-  const int64_t ctas = plan_ctas(steps, p.num_sms, 1);
+  const int64_t ctas = plan_ctas(steps, p.num_sms, occ);
   // Long queries' chunk sums: stream-ordered scratch (capturable in a CUDA graph).
   const size_t partial_bytes = hp.nchunks > 1 ? size_t(hp.blocks) * size_t(pol.Nb) * sizeof(float) : 0;
   if (partial_bytes > 0) {
@@ -581,7 +713,7 @@ cudaError_t run_forward_hopper(const ForwardParams& p, const Policy& pol, const 
     if (err != cudaSuccess) return err;
   }
   ran = true;
-  kern<<<static_cast<unsigned>(ctas), Shape::kThreads, smem, p.stream>>>(hp, qmap, dmap);
+  kern<<<static_cast<unsigned>(ctas), Shape::kThreads, smem, p.stream>>>(hp, qmap, dmap, tmap);
   err = cudaGetLastError();
   if (partial_bytes > 0) {
     if (err == cudaSuccess) {

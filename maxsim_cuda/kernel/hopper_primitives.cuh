@@ -79,6 +79,14 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
 #endif
 }
 
+// Brings a tensor map (a __grid_constant__ parameter) into the TMA unit's descriptor cache
+// ahead of its first load, which otherwise waits for that fetch.
+__device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
+#if MAXSIM_HAS_WGMMA
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+#endif
+}
+
 // Named barrier for a subset of the CTA's warps (id 0 is __syncthreads).
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
@@ -155,6 +163,17 @@ struct WgmmaM64;
         "+f"(d[7][2]), "+f"(d[7][3]) \
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 
+#define MAXSIM_WGMMA_N32(PTX_TYPE)                                                              \
+  asm volatile(                                                                                  \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                          \
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32." PTX_TYPE "." PTX_TYPE " "                    \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "  \
+      "%16, %17, p, 1, 1, 0, 0;\n}\n"                                                      \
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),  \
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),  \
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]) \
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+
 #define MAXSIM_WGMMA_N128(PTX_TYPE)                                                              \
   asm volatile(                                                                                  \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                          \
@@ -175,6 +194,7 @@ struct WgmmaM64;
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 
 #else
+#define MAXSIM_WGMMA_N32(PTX_TYPE) __trap();
 #define MAXSIM_WGMMA_N64(PTX_TYPE) __trap();
 #define MAXSIM_WGMMA_N128(PTX_TYPE) __trap();
 #endif
@@ -189,11 +209,14 @@ struct WgmmaM64;
       MAXSIM_WGMMA_N##N(PTX_TYPE)                                                                        \
     }                                                                                                    \
   };
+MAXSIM_WGMMA_STRUCT(__half, "f16", 32)
 MAXSIM_WGMMA_STRUCT(__half, "f16", 64)
 MAXSIM_WGMMA_STRUCT(__half, "f16", 128)
+MAXSIM_WGMMA_STRUCT(__nv_bfloat16, "bf16", 32)
 MAXSIM_WGMMA_STRUCT(__nv_bfloat16, "bf16", 64)
 MAXSIM_WGMMA_STRUCT(__nv_bfloat16, "bf16", 128)
 #undef MAXSIM_WGMMA_STRUCT
+#undef MAXSIM_WGMMA_N32
 #undef MAXSIM_WGMMA_N64
 #undef MAXSIM_WGMMA_N128
 

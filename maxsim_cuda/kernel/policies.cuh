@@ -143,6 +143,10 @@ struct ContrastiveGrid {
   int64_t Nq, Nb, Lq;
   int G;  // queries stacked per block
   GroupedOrder order;
+  static constexpr bool kStrided = false;  // the warp-specialised kernel's step walk (StepWalk)
+  // Whole 128-row document tiles and 64-row query blocks: a tile past a document holds the
+  // next document's rows, which come from L2 anyway (every query block reads them).
+  static constexpr bool kBoundedLoads = false;
 
   __host__ __device__ int64_t steps() const { return order.nq_blocks * Nb; }
   __host__ __device__ int64_t query_rows() const { return Nq * Lq; }
@@ -152,6 +156,10 @@ struct ContrastiveGrid {
     if (!qlens.present()) return Lq;
     int64_t v;
     return qlens.get(q, v) ? clamp64(v, 0, Lq) : 0;
+  }
+  // Rows of document n as query q sees it (every query sees the same documents).
+  __device__ __forceinline__ bool doc_rows(int64_t, int64_t n, int64_t& row0, int64_t& len) const {
+    return docs.rows(n, row0, len);
   }
 
   struct Ahead {};  // the document read depends on the grouped order: nothing to split off
@@ -192,6 +200,48 @@ struct ContrastiveGrid {
 };
 using ContrastivePolicy = ContrastiveGrid<OffsetDocuments>;
 using ContrastivePaddedPolicy = ContrastiveGrid<PaddedDocuments>;
+
+// padded, in the contrastive grid's terms (the warp-specialised kernel walks (query block,
+// document) steps): query q owns documents q * Nb .. q * Nb + Nb - 1 of the [B, C, Ld, D]
+// tensor (Nq = B, Nb = C), one query per block (G = 1). Same answers as PaddedPolicy: a
+// length that cannot be read makes the pair bad.
+struct PaddedGrid {
+  IndexView qlens, dlens;
+  int64_t Nq, Nb, Lq, Ld;
+  static constexpr int G = 1;
+  static constexpr bool kStrided = true;
+  // Rerank reads each document once, from HBM: the producer loads a document's last tile
+  // and the query block in 32-row boxes up to their lengths, not the padding past them.
+  static constexpr bool kBoundedLoads = true;
+
+  __device__ __forceinline__ int64_t qlen_of(int64_t q) const {
+    int64_t v;
+    return qlens.get(q, v) ? clamp64(v, 0, Lq) : -1;  // -1: unreadable (a bad pair)
+  }
+  __device__ __forceinline__ bool doc_rows(int64_t q, int64_t n, int64_t& row0, int64_t& len) const {
+    const int64_t k = q * Nb + n;
+    int64_t v;
+    if (q < 0 || q >= Nq || n < 0 || n >= Nb || !dlens.get(k, v)) return false;
+    row0 = k * Ld;
+    len = clamp64(v, 0, Ld);
+    return true;
+  }
+  __device__ __forceinline__ StepDesc step_at(int64_t q, int64_t n, bool ok, int64_t o0, int64_t len,
+                                              int64_t qlen0) const {
+    StepDesc d;
+    d.nseg = 1;
+    d.qkey = q;
+    d.q_row0 = q * Lq;
+    d.seg_stride = Lq > 0 ? Lq : 1;
+    d.qlen0 = qlen0 < 0 ? 0 : qlen0;
+    d.doc_row0 = ok ? o0 : 0;
+    d.dlen = ok ? len : 0;
+    d.out0 = q * Nb + n;
+    d.out_stride = 0;
+    d.bad = !ok || qlen0 < 0;
+    return d;
+  }
+};
 
 // packed: step = pair p; the query block changes only when pair_query_ids changes.
 struct PackedPolicy {
