@@ -199,14 +199,6 @@ PADDED_SHAPES = [
 ]
 
 
-@pytest.fixture
-def no_doc_split(monkeypatch):
-    """Calls of at most one pair per SM with long documents go to the mma.sync kernels' document
-    split by default (hopper_leaves_to_doc_split); without the split they run here, whatever
-    the pair count."""
-    monkeypatch.setenv("MAXSIM_CUDA_DOC_SPLIT", "0")
-
-
 # Both shapes: two CTAs per SM with 4-slot rings (the default), or one with 8 slots (the
 # only one with the m64n32 tail).
 PADDED_CTAS = pytest.mark.parametrize("ctas", ["2", "1"], ids=["ctas2", "ctas1"])
@@ -223,7 +215,7 @@ def _padded(rng, shape, dtype, **kw):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("shape", PADDED_SHAPES, ids=[f"b{s[0]}_c{s[1]}_lq{s[2]}_ld{s[3]}_d{s[4]}" for s in PADDED_SHAPES])
 @PADDED_CTAS
-def test_padded_matches_reference_and_mma_sync(ms, monkeypatch, rng, shape, dtype, no_doc_split, ctas):
+def test_padded_matches_reference_and_mma_sync(ms, monkeypatch, rng, shape, dtype, ctas):
     """Against the float64 reference and the mma.sync kernels; padding rows hold large
     garbage (make_padded), so a column past a length that got into a max would show."""
     monkeypatch.setenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS", ctas)
@@ -242,7 +234,7 @@ def test_padded_matches_reference_and_mma_sync(ms, monkeypatch, rng, shape, dtyp
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("dim", [64, 128, 520])
 @PADDED_CTAS
-def test_padded_exact_ties(ms, monkeypatch, rng, dim, dtype, no_doc_split, ctas):
+def test_padded_exact_ties(ms, monkeypatch, rng, dim, dtype, ctas):
     """Lattice values: every similarity and score is exact, so scores must equal the reference
     bit for bit and every argmax must be the lowest tied row, in full tiles, in tails of each
     MMA width, and across tile and box boundaries."""
@@ -265,7 +257,7 @@ def test_padded_exact_ties(ms, monkeypatch, rng, dim, dtype, no_doc_split, ctas)
 
 @pytest.mark.parametrize("dim", [128, 256])
 @PADDED_CTAS
-def test_padded_nan_in_padding_and_documents(ms, monkeypatch, rng, dim, no_doc_split, ctas):
+def test_padded_nan_in_padding_and_documents(ms, monkeypatch, rng, dim, ctas):
     """NaN in every padding row (queries and documents): the rows past a length that a box
     loads must not reach a score (stale slot rows: test_padded_stale_nan_rows). A NaN in a
     real row must: the score is NaN and the argmax of every query row is its position, in
@@ -313,7 +305,7 @@ def test_padded_many_steps(ms, monkeypatch, rng):
 
 
 @pytest.mark.parametrize("dim", [128, 320])
-def test_padded_train_gradients(ms, rng, dim, no_doc_split):
+def test_padded_train_gradients(ms, rng, dim):
     """The training form's forward runs here too; the backward consumes its argmax."""
     lens = [[90, 130, 1, 64, 0], [33, 200, 31, 129, 96]]
     case = make_padded(rng, 2, 5, 32, 200, dim, dtype=torch.bfloat16, device="cuda", d_lens=lens)
@@ -326,11 +318,9 @@ def test_padded_train_gradients(ms, rng, dim, no_doc_split):
     assert_grads(gd, ed, bound_d, case.queries.dtype)
 
 
-@pytest.mark.parametrize("split", ["0", "1"], ids=["here", "doc_split"])
-def test_padded_few_long_pairs(ms, monkeypatch, rng, split):
+def test_padded_few_long_pairs(ms, monkeypatch, rng):
     """LongDocStress-like: fewer pairs than SMs, 1030-row documents (eight full tiles and a
-    6-row tail) in this kernel, or by default cut over CTAs by the mma.sync kernels."""
-    monkeypatch.setenv("MAXSIM_CUDA_DOC_SPLIT", split)
+    6-row tail)."""
     lens = [[1030, 1029, 1024, 1000], [7, 1030, 640, 0]]
     case = make_padded(rng, 2, 4, 32, 1030, 128, dtype=torch.float16, device="cuda", d_lens=lens)
     (s_h, a_h), (s_m, a_m) = both_paths(monkeypatch, lambda: case.call(ms, "_with_argmax"))
@@ -340,7 +330,7 @@ def test_padded_few_long_pairs(ms, monkeypatch, rng, split):
 
 
 @PADDED_CTAS
-def test_padded_stale_nan_rows(ms, monkeypatch, rng, no_doc_split, ctas):
+def test_padded_stale_nan_rows(ms, monkeypatch, rng, ctas):
     """Many steps per CTA (the ring's slots reused) of 100-, 70-, 40- and 10-row documents
     with NaN padding: a 100-row tile loads four boxes (NaN in rows 100..127), and a later
     70-row tile in the same slots loads three and reads rows 96..127 stale in its m64n128 MMA;

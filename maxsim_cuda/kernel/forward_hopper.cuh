@@ -611,17 +611,6 @@ bool rows_map(CUtensorMap& map, const void* base, int64_t rows, int64_t dim, int
   return true;
 }
 
-// Padded calls of at most one pair per SM with long documents (LongDocStress): the mma.sync
-// kernels cut each document over several CTAs (SplitDocs, doc_parts in forward_kernel.cuh,
-// whose rule this is at two CTAs per SM and 64-row tiles); this kernel keeps a pair on one
-// CTA, so it leaves them those calls. MAXSIM_CUDA_DOC_SPLIT=0 (no split) keeps them here.
-inline bool hopper_leaves_to_doc_split(const ForwardParams& p) {
-  if (p.surface != Surface::kPadded) return false;
-  const char* e = std::getenv("MAXSIM_CUDA_DOC_SPLIT");
-  if (e != nullptr && e[0] == '0') return false;
-  return p.pairs <= p.num_sms && p.ld >= 256;
-}
-
 // Whether the Hopper kernel takes this padded or contrastive call (else the caller runs the
 // mma.sync kernels). Contrastive: dim <= 128 runs the resident shapes, anything wider the
 // streamed ones; padded: the streamed shape at any dim.
@@ -630,7 +619,7 @@ inline bool hopper_applies(const ForwardParams& p) {
   return p.lq >= 1 && p.dim >= 8 && p.dim % 8 == 0 && p.dim < kCoordLimit && p.num_queries > 0 &&
          p.num_docs > 0 && p.q_rows > 0 && p.d_rows > 0 && p.q_rows < kCoordLimit && p.d_rows < kCoordLimit &&
          reinterpret_cast<uintptr_t>(p.queries) % 16 == 0 && reinterpret_cast<uintptr_t>(p.documents) % 16 == 0 &&
-         !force_mma_sync() && !hopper_leaves_to_doc_split(p) && wgmma_compiled_for_current_device();
+         !force_mma_sync() && wgmma_compiled_for_current_device();
 }
 
 // dim > 128 on sm_90a: the dispatcher sends these padded and contrastive calls to the
