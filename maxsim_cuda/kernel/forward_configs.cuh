@@ -118,7 +118,7 @@ cudaError_t launch_padded_hopper(const ForwardParams& p, bool& ran) {
 template <class T, int SURF>
 cudaError_t launch_forward_mma(const ForwardParams& p) {
   if constexpr (is_contrastive(SURF) || SURF == 0) {
-    if (p.dim <= 128 && hopper_applies(p)) {
+    if (p.dim <= 128 && (SURF != 0 || hopper_padded_wanted(p)) && hopper_applies(p)) {
       bool ran = false;
       cudaError_t err;
       if constexpr (SURF == 0) {
@@ -215,7 +215,7 @@ struct MmaKRerankK128 { using type = MmaKMainloop<T, 32, 64, 2, 2, 128, 4, 2>; }
 template <class T, int SURF>
 cudaError_t launch_forward_mma_k(const ForwardParams& p) {
   if constexpr (is_contrastive(SURF) || SURF == 0) {
-    if (hopper_applies(p)) {
+    if ((SURF != 0 || hopper_padded_wanted(p)) && hopper_applies(p)) {
       bool ran = false;
       cudaError_t err;
       if constexpr (SURF == 0) {

@@ -622,10 +622,26 @@ inline bool hopper_applies(const ForwardParams& p) {
          !force_mma_sync() && wgmma_compiled_for_current_device();
 }
 
+// Padded documents shorter than this stay on the mma.sync kernels at dim <= 128: H100, GPU
+// time per call, sm_90a / mma.sync: SmallRerank (Ld 180) full 9.4 / 9.2 us, ragged 8.8 /
+// 8.0; Rerank (Ld 180) full 31.7 / 36.1, ragged 28.6 / 26.4; from Ld 256 on this kernel
+// wins or ties (HeavyRerank full 75.7 / 81.4, ragged 56.8 / 56.6; LongDocStress 10.6 / 16.1;
+// ColPaliRerank ragged 64.6 / 67.8), and at dim > 128 at every length (RerankD256..1024
+// 8-13% faster).
+// MAXSIM_CUDA_HOPPER_PADDED=1 takes this kernel for every padded call it can run, 0 for none
+// (read per call: tests and comparisons).
+constexpr int64_t kHopperPaddedMinRows = 256;
+inline bool hopper_padded_wanted(const ForwardParams& p) {
+  const char* e = std::getenv("MAXSIM_CUDA_HOPPER_PADDED");
+  if (e != nullptr && (e[0] == '0' || e[0] == '1')) return e[0] == '1';
+  return p.dim > 128 || p.ld >= kHopperPaddedMinRows;
+}
+
 // dim > 128 on sm_90a: the dispatcher sends these padded and contrastive calls to the
 // K-streaming launcher (launch_forward_mma_k), which tries the streamed shapes first.
 inline bool hopper_streamed_wanted(const ForwardParams& p) {
-  return p.surface != Surface::kPacked && p.dim > 128 && hopper_applies(p);
+  return p.dim > 128 && (p.surface == Surface::kPadded ? hopper_padded_wanted(p) : p.surface != Surface::kPacked) &&
+         hopper_applies(p);
 }
 
 // 64-row query blocks of a call: the contrastive policy's blocks of 64 / Lq stacked queries
