@@ -13,7 +13,8 @@ defines them) and its fraction of the floor. A header line states the device, to
 and commit from the JSON's metadata.
 
 eager = CUDA events around one call issued from Python (launch overhead included);
-GPU-only = the same call captured in a CUDA graph, median of the replays. A JSON without
+GPU-only = the same call captured in a CUDA graph, median of the replays (per call, where
+compare.py captured several calls to a graph: graph_calls). A JSON without
 GPU-only times (a CPU run, --no-graph, or one written before compare.py measured them) gets
 the eager columns only, and the rate and fraction of the floor from the eager time.
 Implementations that ran on no row (on the CPU: the Triton-only peers) are left out and
@@ -131,8 +132,12 @@ def header(data, graph, shown):
     line += (f" Times in ms, median of {info.get('iters', '?')} calls after "
              f"{info.get('warmup', '?')} warm-up ({clock}).")
     if graph:
+        calls = [r.get("graph_calls") for row in data["results"] for r in row["impls"].values()]
+        per_call = any(c and c > 1 for c in calls)
         line += (" eager = one call issued from Python (launch overhead included); GPU-only ="
-                 " the same call captured in a CUDA graph, median of its replays.")
+                 " the same call captured in a CUDA graph, median of its replays"
+                 + (", per call (small calls several to a graph, so that the graph's launch is"
+                    " not counted)." if per_call else "."))
     versions = info.get("versions") or {}
     peers = [f"{k} = {v} {versions[v]}" if versions.get(v) else f"{k} = {v}"
              for k, v in PEER_NAMES.items() if k in shown]
