@@ -591,8 +591,10 @@ def _version(dist):
 
 def run_info(args, started):
     """What a table rendered from the JSON must state: where, with what, when, at which commit."""
-    commit = _git("rev-parse", "HEAD")
-    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    # MAXSIM_BENCH_COMMIT: the commit a copied working tree holds, where its .git (if any)
+    # does not describe it (a remote machine that receives the files but not the history).
+    commit = os.environ.get("MAXSIM_BENCH_COMMIT") or _git("rev-parse", "HEAD")
+    dirty = "" if os.environ.get("MAXSIM_BENCH_COMMIT") else _git("status", "--porcelain", "--untracked-files=no")
     cuda = args.device == "cuda"
     return dict(device=args.device, torch=torch.__version__, iters=args.iters,
                 warmup=args.warmup, threads=torch.get_num_threads(),
