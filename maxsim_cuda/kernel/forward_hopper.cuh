@@ -269,26 +269,42 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
   // A step's index reads, made a step ahead: the document's rows, and on a strided walk
   // (a query per step) the query's length, which travels in the TileInfo instead of being
   // read by the consumers per step (a global read and two warpgroup barriers in front of
-  // every step's first tile); a pair grid reads the query's first row here too.
+  // every step's first tile). A pair grid reads the query's first row here too, from the
+  // pair's ids, which it reads a step earlier still (ids2, for step s2), so that no read
+  // waits for another within a step.
   struct Ahead {
     int64_t row0 = 0, len = 0, qrow0 = 0;
     int32_t qlen = 0;
     bool ok = false;
   };
-  auto read_ahead = [&](int64_t set, int64_t n) {
+  [[maybe_unused]] auto read_ahead = [&](int64_t set, int64_t n) {
     Ahead a;
-    const int64_t q = block_query(hp, set * C);
-    if constexpr (Policy::kPairRows) {
-      int64_t ql = 0;
-      a.ok = pol.pair_rows(q, a.qrow0, ql, a.row0, a.len);
-      a.qlen = a.ok ? static_cast<int32_t>(ql) : -1;
-    } else {
-      a.ok = pol.doc_rows(q, n, a.row0, a.len);
-      if constexpr (Policy::kStrided) a.qlen = static_cast<int32_t>(pol.qlen_of(q));
+    if constexpr (!Policy::kPairRows) {
+      a.ok = pol.doc_rows(block_query(hp, set * C), n, a.row0, a.len);
+      if constexpr (Policy::kStrided) a.qlen = static_cast<int32_t>(pol.qlen_of(block_query(hp, set * C)));
     }
     return a;
   };
-  Ahead next = read_ahead(walk.set, walk.n);
+  [[maybe_unused]] auto read_pair = [&](const auto& ids) {
+    Ahead a;
+    int64_t ql = 0;
+    a.ok = pol.pair_rows(ids, a.qrow0, ql, a.row0, a.len);
+    a.qlen = a.ok ? static_cast<int32_t>(ql) : -1;
+    return a;
+  };
+  Ahead next;
+  [[maybe_unused]] int64_t s2 = 0;
+  auto ids2 = [&] {
+    if constexpr (Policy::kPairRows) {
+      // a pair grid's step s is block s (Nb = 1, one consumer)
+      next = read_pair(pol.pair_ids(block_query(hp, walk.s)));
+      s2 = walk.s + gridDim.x;
+      return pol.pair_ids(block_query(hp, s2 < walk.end ? s2 : walk.s));
+    } else {
+      next = read_ahead(walk.set, walk.n);
+      return 0;
+    }
+  }();
   // Pair grids: the current block's first query row and its 32-row boxes (0: the chunk
   // holds no query rows, and its document is not loaded).
   int qrow = 0, qboxes = 0;
@@ -312,7 +328,15 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
     const int32_t cur_qlen = cur.qlen;
     const int64_t this_set = walk.set;
     walk.next();
-    if (walk.more()) next = read_ahead(walk.set, walk.n);  // consumed one iteration later
+    if (walk.more()) {  // consumed one iteration later
+      if constexpr (Policy::kPairRows) {
+        next = read_pair(ids2);
+        s2 += gridDim.x;
+        if (s2 < walk.end) ids2 = pol.pair_ids(block_query(hp, s2));
+      } else {
+        next = read_ahead(walk.set, walk.n);
+      }
+    }
     if (this_set != cur_set) {
       first = this_set * C;
       blocks = static_cast<int>(hp.blocks - first < C ? hp.blocks - first : C);

@@ -260,13 +260,35 @@ struct PackedGrid {
   static constexpr bool kBoundedLoads = true;
   static constexpr bool kPairRows = true;
 
-  // Pair p's query rows [q0, q0 + ql) and document rows [d0, d0 + dl); false for a bad pair.
-  __device__ __forceinline__ bool pair_rows(int64_t p, int64_t& q0, int64_t& ql, int64_t& d0, int64_t& dl) const {
+  // Two reads per pair, a step apart in the producer: the ids, then the segments they name.
+  // Both are predicated loads and checks by select, so neither waits for its loads: they
+  // stay in flight while the producer issues the current step's tiles.
+  struct Ids {
+    int64_t qid, did;
+    bool ok;
+  };
+  __device__ __forceinline__ Ids pair_ids(int64_t p) const {
+    Ids r;
     bool okq, okd;
-    const int64_t qid = pqids.fetch(p, okq), did = pdids.fetch(p, okd);
-    if (!(okq && okd && p < Nq)) return false;
-    if (!segment(qoffs, qid, q_segs, Tq, q0, ql) || !segment(doffs, did, d_segs, Td, d0, dl)) return false;
-    return ql <= Lq;
+    r.qid = pqids.fetch(p, okq);
+    r.did = pdids.fetch(p, okd);
+    r.ok = okq & okd;
+    return r;
+  }
+  // The pair's query rows [q0, q0 + ql) and document rows [d0, d0 + dl); false for a bad
+  // pair (the checks of segment(), and ql <= Lq).
+  __device__ __forceinline__ bool pair_rows(const Ids& id, int64_t& q0, int64_t& ql, int64_t& d0,
+                                            int64_t& dl) const {
+    bool a, b, c, d;
+    const int64_t qa = qoffs.fetch(id.qid, a), qb = qoffs.fetch(id.qid + 1, b);
+    const int64_t da = doffs.fetch(id.did, c), db = doffs.fetch(id.did + 1, d);
+    const bool okq = a & b & (id.qid < q_segs) & (qa >= 0) & (qb >= qa) & (qb <= Tq) & (qb - qa <= Lq);
+    const bool okd = c & d & (id.did < d_segs) & (da >= 0) & (db >= da) & (db <= Td);
+    q0 = qa;
+    ql = qb - qa;
+    d0 = da;
+    dl = db - da;
+    return id.ok & okq & okd;
   }
   // qlen0: the query's length, < 0 for a bad pair (the producer's reads say which).
   __device__ __forceinline__ StepDesc step_at(int64_t p, int64_t, bool ok, int64_t o0, int64_t len,
