@@ -1,4 +1,4 @@
-// The contrastive and padded (rerank) forward on sm_90a: warp-specialised, TMA-fed, wgmma.
+// The contrastive, padded (rerank) and packed forward on sm_90a: warp-specialised, TMA-fed, wgmma.
 // fp16/bf16, dim a multiple of 8; queries longer than 64 rows run as 64-row chunks.
 //
 // Roles. One producer warp (one elected lane) walks the CTA's steps, reads each document's
@@ -15,17 +15,18 @@
 //
 // Operands (HopperShape). dim <= 128, resident: the query blocks are loaded once per set
 // (single buffer, reloaded after every warpgroup released it: qempty) and a slot holds a
-// whole document tile. dim > 128 (padded: any dim), streamed: a slot holds one 64-column
+// whole document tile. dim > 128 (padded, packed: any dim), streamed: a slot holds one 64-column
 // K-chunk of the tile and of every block, and a tile's MMAs accumulate over ceil(dim / 64)
 // slots.
 //
 // Schedule. Steps are (set, document) in set-major order, split contiguously over a
 // persistent grid like the mma.sync kernel (contrastive), or strided over it (padded: each
-// step its own query and document, one consumer warpgroup, the query in every slot).
+// step its own query and document, one consumer warpgroup, the query in every slot; packed
+// the same with pair p as a query of one document, its query rows found by the producer).
 //
-// Bounded loads (padded): a document's last tile, and the query block, arrive as 32-row
-// boxes up to their lengths instead of whole boxes, so a short document costs its own rows
-// and not the padding after them; m64n64 / m64n32 MMAs run its short tails.
+// Bounded loads (padded, packed): a document's last tile, and the query block, arrive as
+// 32-row boxes up to their lengths instead of whole boxes, so a short document costs its own
+// rows and not the padding after them; m64n64 / m64n32 MMAs run its short tails.
 //
 // Where a tile runs past its document (the next document's rows, zero rows past the tensor,
 // or stale rows past a bounded load's last box), the fold masks those columns by select, so
@@ -287,9 +288,11 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
   };
   [[maybe_unused]] auto read_pair = [&](const auto& ids) {
     Ahead a;
-    int64_t ql = 0;
-    a.ok = pol.pair_rows(ids, a.qrow0, ql, a.row0, a.len);
-    a.qlen = a.ok ? static_cast<int32_t>(ql) : -1;
+    if constexpr (Policy::kPairRows) {
+      int64_t ql = 0;
+      a.ok = pol.pair_rows(ids, a.qrow0, ql, a.row0, a.len);
+      a.qlen = a.ok ? static_cast<int32_t>(ql) : -1;
+    }
     return a;
   };
   Ahead next;
@@ -675,7 +678,8 @@ inline ForwardParams hopper_view(const ForwardParams& p) {
 // Whether the Hopper kernel takes this call (else the caller runs the mma.sync kernels).
 // Contrastive: dim <= 128 runs the resident shapes, anything wider the streamed ones;
 // padded and packed: the streamed shape at any dim. Packed needs max_q_len >= 1 (it sizes
-// the grid's chunks); one past the query rows would only add steps without rows.
+// the grid's blocks); a max_q_len above the query tensor's rows is left to the mma.sync
+// kernels too, since every pair would walk ceil(max_q_len / 64) chunks, most without rows.
 inline bool hopper_applies(const ForwardParams& p) {
   constexpr int64_t kCoordLimit = (int64_t(1) << 31) - 256;  // TMA coordinates are int32
   const bool packed = p.surface == Surface::kPacked;
