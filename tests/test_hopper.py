@@ -536,6 +536,37 @@ def test_packed_query_longer_than_max_q_len(ms, monkeypatch, rng):
     assert_argmax(a_h[ok], ref)
 
 
+@pytest.mark.parametrize("max_q_len", [32, 100])
+@PADDED_CTAS
+def test_packed_many_steps(ms, monkeypatch, rng, max_q_len, ctas):
+    """Many more steps than CTAs (each CTA's producer reads ids two steps and segments one
+    step ahead, over many steps), random repeated pairs, ragged and near-empty segments,
+    int32 indices, a sprinkling of bad ids, against the mma.sync kernels (the float64
+    reference at this size costs more than the rest of the file)."""
+    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS", ctas)
+    monkeypatch.delenv("MAXSIM_CHECK_VALUES", raising=False)
+    q_lens = rand_lengths(rng, (50,), max_q_len)
+    q_lens[torch.rand(50, generator=rng) < 0.1] = 0
+    d_lens = rand_lengths(rng, (400,), 300)
+    d_lens[torch.rand(400, generator=rng) < 0.2] = 1
+    case = make_packed(rng, q_lens.tolist(), d_lens.tolist(), 128, n_pairs=3000, dtype=torch.bfloat16,
+                       device="cuda", index_dtype=torch.int32, max_q_len=max_q_len)
+    pq, pd = case.pair_query_ids.clone(), case.pair_document_ids.clone()
+    pq[::97] = -3
+    pd[5::89] = 400
+    case = dataclasses.replace(case, pair_query_ids=pq, pair_document_ids=pd)
+    (s_h, a_h), (s_m, a_m) = both_paths(monkeypatch, lambda: case.call(ms, "_with_argmax"))
+    bad = torch.zeros(3000, dtype=torch.bool, device="cuda")
+    bad[::97] = True
+    bad[5::89] = True
+    assert torch.equal(s_h.isnan(), bad) and torch.equal(s_m.isnan(), bad)
+    assert (a_h[bad] == -1).all()
+    torch.testing.assert_close(s_h, s_m, rtol=1e-5, atol=1e-4, equal_nan=True)
+    assert (a_h == a_m).float().mean() > 0.99
+    again = case.call(ms, "_with_argmax")
+    assert torch.equal(again[0], s_h) and torch.equal(again[1], a_h)
+
+
 @pytest.mark.parametrize("dim", [128, 320])
 def test_packed_train_gradients(ms, rng, dim):
     """The training form's forward runs here (it passes max_q_len); the backward consumes its
