@@ -352,7 +352,8 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
       } else {
         qbytes = 0;
         for (int g = 0; g < blocks; ++g) {
-          qbytes += Policy::kBoundedLoads ? uint32_t(query_boxes(hp, first + g)) * kBoxBytes : Shape::kQueryBlockBytes / KB;
+          qbytes += Policy::kBoundedLoads ? uint32_t(query_boxes(hp, first + g)) * kBoxBytes
+                                          : Shape::kQueryBlockBytes / KB;
         }
       }
       if constexpr (!Shape::kStream) {
