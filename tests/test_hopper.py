@@ -486,7 +486,7 @@ def test_packed_bad_ids_and_offsets(ms, monkeypatch, rng):
     good = [p for p, (q, d) in enumerate(pairs) if 0 <= q < 4 and 0 <= d < 5]
     (s_h, a_h), (s_m, a_m) = both_paths(monkeypatch, lambda: case.call(ms, "_with_argmax"))
     torch.cuda.synchronize()
-    bad = torch.ones(len(pairs), dtype=torch.bool)
+    bad = torch.ones(len(pairs), dtype=torch.bool, device="cuda")
     bad[good] = False
     assert s_h[bad].isnan().all() and (a_h[bad] == -1).all()
     assert torch.equal(s_h.isnan(), s_m.isnan())
