@@ -246,9 +246,10 @@ struct PaddedGrid {
 };
 
 // packed, in the padded grid's terms: pair p plays a padded query with one document
-// (Nq = P, Nb = 1, G = 1, Lq = max_q_len). Its query's first row is data, so the kernel's
-// producer reads the whole pair (kPairRows: ids, then both segments) a step ahead and loads
-// the query boxes from there; the consumers get the query length in the TileInfo.
+// (Nq = P, Nb = 1, G = 1, Lq = max_q_len; a grid step is a pair, or a 64-row chunk of one).
+// Its query's first row is data, so the kernel's producer reads the pair itself (kPairRows:
+// the ids two steps ahead, both segments one step ahead) and loads the query boxes from
+// there; the consumers get the query length in the TileInfo and read no index.
 // A query longer than Lq (max_q_len understated; a GPU cannot check it before the launch)
 // makes its pair bad: its rows past the block's chunks would be neither loaded nor summed.
 struct PackedGrid {
