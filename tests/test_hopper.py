@@ -1,4 +1,4 @@
-"""The sm_90a kernel (warp-specialised, TMA + wgmma; contrastive and padded surfaces) against
+"""The sm_90a kernel (warp-specialised, TMA + wgmma; contrastive, padded and packed surfaces) against
 the float64 reference and against the mma.sync kernels it replaces on Hopper.
 
 Runs only on a compute capability 9.0 GPU with a CUDA build (elsewhere the mma.sync kernels
@@ -20,7 +20,8 @@ import torch
 
 from conftest import (
     BACKENDS, as_padded_documents, assert_argmax, assert_grads, assert_scores, expected_grads,
-    lattice, load_kernel, make_contrastive, make_padded, rand_lengths, run_train, unit,
+    lattice, load_kernel, make_contrastive, make_packed, make_padded, padded_as_packed, rand_lengths,
+    run_train, unit,
 )
 
 pytestmark = pytest.mark.skipif(
@@ -36,10 +37,11 @@ def ms():
 
 @pytest.fixture(autouse=True)
 def hopper_padded_always(monkeypatch):
-    """By default padded calls with short documents (Ld < 256 at dim <= 128) stay on the
-    mma.sync kernels, where they are faster; here every padded call this kernel can run
-    takes it, so the short shapes test it too."""
+    """By default padded and packed calls with short documents (Ld, or the average packed
+    document, < 256 rows at dim <= 128) stay on the mma.sync kernels, where they are faster;
+    here every such call this kernel can run takes it, so the short shapes test it too."""
     monkeypatch.setenv("MAXSIM_CUDA_HOPPER_PADDED", "1")
+    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_PACKED", "1")
 
 
 def both_paths(monkeypatch, fn):
@@ -355,3 +357,253 @@ def test_padded_stale_nan_rows(ms, monkeypatch, rng, ctas):
     assert not s_h.isnan().any()
     assert_scores(s_h, case)
     assert_argmax(a_h, case)
+
+
+# ---- packed surface -------------------------------------------------------------------------
+# The padded grid's kernel with pair p as a query of one document (PackedGrid): the producer
+# reads the pair's ids and both segments a step ahead and loads the query boxes at the query's
+# first row; a block holds max_q_len rows (64-row chunks past 64), and chunks without query
+# rows load no document. The kernel needs max_q_len: calls without it (plain scores) stay on
+# the mma.sync kernels, so every call here passes it. Neighbouring segments are real rows, so
+# a box or tile running past a segment reads another query's or document's tokens.
+
+PACKED_SHAPES = [
+    # query lengths, document lengths, D, pairs (None: every (q, d); n: n random ones, repeats
+    # included), max_q_len (None: the longest query)
+    ([32, 1, 31, 33, 0, 20], EDGE_LENS + [261], 128, None, None),
+    ([64, 63, 65, 1, 128, 129, 0, 100], [0, 1, 64, 65, 128, 129, 300], 128, 60, None),  # 3 chunks
+    ([17, 32, 9], EDGE_LENS, 64, None, 40),          # max_q_len above the longest: 2 box block
+    ([20, 3, 40, 64], [180] * 7 + [0, 5], 96, 50, 64),
+    ([70, 6, 3, 0], [200, 130, 33, 1], 8, None, 150),  # chunks past every query: no rows
+    ([1] * 9, [97, 1, 128, 31], 40, 30, None),
+    # streamed past 128 columns
+    ([32, 1, 33, 0], EDGE_LENS + [261], 256, 90, None),
+    ([70, 64, 1, 65], [130, 64, 31, 0, 257], 520, None, None),
+]
+
+
+def _packed(rng, shape, dtype, **kw):
+    q_lens, d_lens, dim, n_pairs, max_q_len = shape
+    case = make_packed(rng, q_lens, d_lens, dim, n_pairs=n_pairs, dtype=dtype, device="cuda", **kw)
+    case.max_q_len = max(q_lens) if max_q_len is None else max_q_len
+    return case
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("shape", PACKED_SHAPES,
+                         ids=[f"nq{len(s[0])}_nd{len(s[1])}_d{s[2]}_lq{s[4] or max(s[0])}" for s in PACKED_SHAPES])
+@PADDED_CTAS
+def test_packed_matches_reference_and_mma_sync(ms, monkeypatch, rng, shape, dtype, ctas):
+    """Ragged queries (empty ones, lengths 1..max_q_len, across the 32-row box and 64-row
+    chunk edges) against ragged documents (edges at 32 / 64 / 128 rows, empty ones, the last
+    one's box past the tensor), repeated pairs; the float64 reference and the mma.sync
+    kernels; plain scores (with max_q_len) equal to the argmax form's bit for bit."""
+    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS", ctas)
+    case = _packed(rng, shape, dtype)
+    (s_h, a_h), (s_m, a_m) = both_paths(monkeypatch, lambda: case.call(ms, "_with_argmax"))
+    assert_scores(s_h, case)
+    assert_argmax(a_h, case)
+    torch.testing.assert_close(s_h, s_m, rtol=1e-5, atol=1e-4, equal_nan=True)
+    assert (a_h == a_m).float().mean() > 0.99
+    s_plain, _ = both_paths(monkeypatch, lambda: case.call(ms, ""))
+    torch.testing.assert_close(s_plain, s_h, rtol=0, atol=0, equal_nan=True)
+    without = dataclasses.replace(case, max_q_len=None)  # max_q_len 0: the mma.sync kernels
+    torch.testing.assert_close(without.call(ms, ""), s_h, rtol=1e-5, atol=1e-4, equal_nan=True)
+    again = case.call(ms, "_with_argmax")
+    assert torch.equal(again[0], s_h) and torch.equal(again[1], a_h)  # deterministic
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("dim", [64, 128, 256, 520])
+@PADDED_CTAS
+def test_packed_exact_ties(ms, monkeypatch, rng, dim, dtype, ctas):
+    """Lattice values: exact scores bit for bit, and the lowest tied row as argmax, in full
+    tiles, in each tail width and across tile and box boundaries."""
+    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS", ctas)
+    d_lens = [63, 300, 150, 127, 200, 22, 0, 1]
+    case = make_packed(rng, [32, 5, 70, 1], d_lens, dim, n_pairs=40, dtype=dtype, device="cuda",
+                       values=lattice, max_q_len=70)
+    starts = case.document_offsets.tolist()
+    docs = case.documents
+    for n, (a, b) in enumerate([(20, 40), (12, 140), (130, 149), (3, 100), (129, 190), (2, 21)]):
+        docs[starts[n] + b] = docs[starts[n] + a]
+    s_h, a_h = case.call(ms, "_with_argmax")
+    assert_scores(s_h, case, exact=True)
+    assert_argmax(a_h, case, exact=True)
+    monkeypatch.setenv("MAXSIM_CUDA_FORCE_MMA_SYNC", "1")
+    s_m, a_m = case.call(ms, "_with_argmax")
+    assert torch.equal(s_h, s_m) and torch.equal(a_h, a_m)
+
+
+@pytest.mark.parametrize("dim", [128, 256])
+@PADDED_CTAS
+def test_packed_nan_neighbours_and_documents(ms, monkeypatch, rng, dim, ctas):
+    """Every scored segment sits between NaN-filled segments no pair uses: the query boxes
+    and document tiles that run past a segment read NaN rows, which must not reach a score.
+    A NaN in a scored document row must: the score is NaN and every query row's argmax is
+    that row (in tails of 32, 64 and 128 rows and in a full tile)."""
+    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS", ctas)
+    q_real, d_real = [30, 1, 64, 33], [97, 10, 40, 100, 140, 256, 20]
+    q_lens = [n for r in q_real for n in (r, 40)]  # odd segments: NaN
+    d_lens = [n for r in d_real for n in (r, 90)]
+    pairs = [(2 * q, 2 * d) for q in range(len(q_real)) for d in range(len(d_real))]
+    case = make_packed(rng, q_lens, d_lens, dim, pairs=pairs, dtype=torch.float16, device="cuda",
+                       max_q_len=64)
+    qo, do = case.query_offsets.tolist(), case.document_offsets.tolist()
+    for k in range(1, len(q_lens), 2):
+        case.queries[qo[k]:qo[k + 1]] = float("nan")
+    for k in range(1, len(d_lens), 2):
+        case.documents[do[k]:do[k + 1]] = float("nan")
+    (s_h, a_h), (s_m, a_m) = both_paths(monkeypatch, lambda: case.call(ms, "_with_argmax"))
+    assert not s_h.isnan().any()
+    assert_scores(s_h, case)
+    assert_argmax(a_h, case)
+    torch.testing.assert_close(s_h, s_m, rtol=1e-5, atol=1e-4)
+    hits = {1: 19, 2: 35, 3: 97, 5: 197}  # 10-row tail (m64n32 at one CTA), 40 (m64n64), 100, full
+    for d, row in hits.items():
+        case.documents[do[2 * d] + min(row, d_real[d] - 1), 5] = float("nan")
+    s_h, a_h = case.call(ms, "_with_argmax")
+    for p, (q, d) in enumerate(pairs):
+        d //= 2
+        if d in hits:
+            ql = q_real[q // 2]
+            assert s_h[p].isnan() and (a_h[p, :ql] == min(hits[d], d_real[d] - 1)).all(), (p, a_h[p].tolist())
+        else:
+            assert not s_h[p].isnan()
+    assert_argmax(a_h, case)
+
+
+def test_packed_bad_ids_and_offsets(ms, monkeypatch, rng):
+    """Ids out of range and offsets that are decreasing or past the tensor (not checked on a
+    GPU without MAXSIM_CHECK_VALUES): those pairs score NaN with argmax -1, the others as
+    the reference says, and nothing reads or writes out of bounds."""
+    monkeypatch.delenv("MAXSIM_CHECK_VALUES", raising=False)
+    q_lens, d_lens = [5, 40, 4, 64], [300, 3, 6, 129, 70]
+    pairs = [(0, 0), (4, 1), (-1, 0), (1, 5), (2, -5), (1, 3), (2, 1), (0, 1 << 20), (3, 2),
+             (1 << 40, 3), (3, 4), (1, 4)]
+    case = make_packed(rng, q_lens, d_lens, 128, pairs=pairs, dtype=torch.float16, device="cuda",
+                       max_q_len=64)
+    good = [p for p, (q, d) in enumerate(pairs) if 0 <= q < 4 and 0 <= d < 5]
+    (s_h, a_h), (s_m, a_m) = both_paths(monkeypatch, lambda: case.call(ms, "_with_argmax"))
+    torch.cuda.synchronize()
+    bad = torch.ones(len(pairs), dtype=torch.bool, device="cuda")
+    bad[good] = False
+    assert s_h[bad].isnan().all() and (a_h[bad] == -1).all()
+    assert torch.equal(s_h.isnan(), s_m.isnan())
+    ref = dataclasses.replace(case, pair_query_ids=case.pair_query_ids[good],
+                              pair_document_ids=case.pair_document_ids[good])
+    assert_scores(s_h[good], ref)
+    assert_argmax(a_h[good], ref)
+    # decreasing offsets (document 3, query 2), a segment past the tensor (document 4);
+    # documents 2 and query 1 grow into their neighbours' rows but stay valid (query 1 within
+    # max_q_len, so the mma.sync kernels agree on every pair)
+    offs = case.document_offsets.clone()
+    offs[3] = offs[4] + 1
+    offs[5] = offs[5] + 7
+    qoffs = case.query_offsets.clone()
+    qoffs[2] = qoffs[3] + 1
+    broken = dataclasses.replace(case, document_offsets=offs, query_offsets=qoffs)
+    (s_h, a_h), (s_m, a_m) = both_paths(monkeypatch, lambda: broken.call(ms, "_with_argmax"))
+    torch.cuda.synchronize()
+    nan = torch.tensor([p not in good or q == 2 or d in (3, 4) for p, (q, d) in enumerate(pairs)])
+    assert torch.equal(s_h.isnan().cpu(), nan) and torch.equal(s_m.isnan().cpu(), nan)
+    assert (a_h[nan.cuda()] == -1).all()
+    keep = (~nan).nonzero().flatten().tolist()
+    end = offs.clone()
+    end[5] = case.document_offsets[5]  # document 4 is not kept; the reference cannot read past Td
+    ok = dataclasses.replace(broken, document_offsets=end, pair_query_ids=broken.pair_query_ids[keep],
+                             pair_document_ids=broken.pair_document_ids[keep])
+    assert_scores(s_h[keep], ok)
+    assert_argmax(a_h[keep], ok)
+    torch.testing.assert_close(s_h.nan_to_num(), s_m.nan_to_num(), rtol=1e-5, atol=1e-4)
+
+
+def test_packed_query_longer_than_max_q_len(ms, monkeypatch, rng):
+    """max_q_len below the longest query (not checked on a GPU): the kernel's chunks cannot
+    hold that query, so its pairs score NaN with argmax -1 here (the mma.sync kernels score
+    them); every other pair is exact, and nothing reads or writes out of bounds."""
+    monkeypatch.delenv("MAXSIM_CHECK_VALUES", raising=False)
+    case = make_packed(rng, [32, 90, 7], [200, 64, 1], 128, dtype=torch.bfloat16, device="cuda",
+                       max_q_len=64)
+    s_h, a_h = case.call(ms, "_with_argmax")
+    torch.cuda.synchronize()
+    long_q = case.pair_query_ids == 1
+    assert s_h[long_q].isnan().all() and (a_h[long_q] == -1).all()
+    ok = ~long_q
+    ref = dataclasses.replace(case, pair_query_ids=case.pair_query_ids[ok],
+                              pair_document_ids=case.pair_document_ids[ok])
+    assert_scores(s_h[ok], ref)
+    assert_argmax(a_h[ok], ref)
+
+
+@pytest.mark.parametrize("max_q_len", [32, 100])
+@PADDED_CTAS
+def test_packed_many_steps(ms, monkeypatch, rng, max_q_len, ctas):
+    """Many more steps than CTAs (each CTA's producer reads ids two steps and segments one
+    step ahead, over many steps), random repeated pairs, ragged and near-empty segments,
+    int32 indices, a sprinkling of bad ids, against the mma.sync kernels (the float64
+    reference at this size costs more than the rest of the file)."""
+    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS", ctas)
+    monkeypatch.delenv("MAXSIM_CHECK_VALUES", raising=False)
+    q_lens = rand_lengths(rng, (50,), max_q_len)
+    q_lens[torch.rand(50, generator=rng) < 0.1] = 0
+    d_lens = rand_lengths(rng, (400,), 300)
+    d_lens[torch.rand(400, generator=rng) < 0.2] = 1
+    case = make_packed(rng, q_lens.tolist(), d_lens.tolist(), 128, n_pairs=3000, dtype=torch.bfloat16,
+                       device="cuda", index_dtype=torch.int32, max_q_len=max_q_len)
+    pq, pd = case.pair_query_ids.clone(), case.pair_document_ids.clone()
+    pq[::97] = -3
+    pd[5::89] = 400
+    case = dataclasses.replace(case, pair_query_ids=pq, pair_document_ids=pd)
+    (s_h, a_h), (s_m, a_m) = both_paths(monkeypatch, lambda: case.call(ms, "_with_argmax"))
+    bad = torch.zeros(3000, dtype=torch.bool, device="cuda")
+    bad[::97] = True
+    bad[5::89] = True
+    assert torch.equal(s_h.isnan(), bad) and torch.equal(s_m.isnan(), bad)
+    assert (a_h[bad] == -1).all()
+    torch.testing.assert_close(s_h, s_m, rtol=1e-5, atol=1e-4, equal_nan=True)
+    assert (a_h == a_m).float().mean() > 0.99
+    again = case.call(ms, "_with_argmax")
+    assert torch.equal(again[0], s_h) and torch.equal(again[1], a_h)
+
+
+@pytest.mark.parametrize("dim", [128, 320])
+def test_packed_train_gradients(ms, rng, dim):
+    """The training form's forward runs here (it passes max_q_len); the backward consumes its
+    argmax."""
+    case = make_packed(rng, [32, 0, 70, 1], [90, 130, 1, 64, 0, 257], dim, n_pairs=30,
+                       dtype=torch.bfloat16, device="cuda", max_q_len=70)
+    grad = unit(rng, *case.score_shape, device="cuda")
+    scores, gq, gd = run_train(ms, case, grad)
+    assert_scores(scores, case)
+    _, argmax = case.call(ms, "_with_argmax")
+    eq, ed, bound_q, bound_d = expected_grads(case, grad, argmax)
+    assert_grads(gq, eq, bound_q, case.queries.dtype)
+    assert_grads(gd, ed, bound_d, case.queries.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_packed_equals_padded(ms, monkeypatch, rng, dtype):
+    """The same tokens handed over padded and packed run the same MMAs on the same rows:
+    the same scores and argmax bit for bit."""
+    case = make_padded(rng, 4, 6, 32, 300, 128, dtype=dtype, device="cuda",
+                       d_lens=[[0, 1, 32, 33, 64, 65], [127, 128, 129, 256, 257, 300]] * 2)
+    packed = padded_as_packed(case)
+    s_pad, a_pad = case.call(ms, "_with_argmax")
+    s_pk, a_pk = packed.call(ms, "_with_argmax")
+    assert torch.equal(s_pk, s_pad.reshape(-1)) and torch.equal(a_pk, a_pad.reshape(-1, 32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_packed_long_documents(ms, monkeypatch, rng, dtype):
+    """LongDocStressPacked-like: 128 pairs (16 queries of 64 rows, each against 8 documents
+    of 256..1024 rows), by the default rule (average document >= 256 rows), both ways."""
+    monkeypatch.delenv("MAXSIM_CUDA_HOPPER_PACKED")
+    d_lens = torch.randint(256, 1025, (128,), generator=rng).tolist()
+    pairs = [(p // 8, p) for p in range(128)]
+    case = make_packed(rng, [64] * 16, d_lens, 128, pairs=pairs, dtype=dtype, device="cuda", max_q_len=64)
+    (s_h, a_h), (s_m, a_m) = both_paths(monkeypatch, lambda: case.call(ms, "_with_argmax"))
+    assert_scores(s_h, case)
+    assert_argmax(a_h, case)
+    torch.testing.assert_close(s_h, s_m, rtol=1e-5, atol=1e-4)
+    assert (a_h == a_m).float().mean() > 0.99

@@ -115,19 +115,45 @@ cudaError_t launch_padded_hopper(const ForwardParams& p, bool& ran) {
   return run_forward_hopper<T, HopperShape<64, 4, 1, true, 2>>(p, pol, ep, ran);
 }
 
+// Packed on sm_90a: the padded launcher's shapes over PackedGrid (pair p a query of one
+// document), so a packed call runs as its padded twin does.
+inline PackedGrid make_packed_grid(const ForwardParams& p) {
+  return PackedGrid{IndexView(p.query_offsets), IndexView(p.doc_offsets), IndexView(p.pair_query_ids),
+                    IndexView(p.pair_doc_ids), p.pairs, 1, p.max_q_len, p.num_queries, p.num_docs, p.q_rows,
+                    p.d_rows};
+}
+template <class T>
+cudaError_t launch_packed_hopper(const ForwardParams& p, bool& ran) {
+  const PackedGrid pol = make_packed_grid(p);
+  const EpilogueArgs ep = make_args<T>(p).ep;
+  const ForwardParams v = hopper_view(p);
+  if (hopper_padded_ctas_per_sm() == 1) return run_forward_hopper<T, HopperShape<64, 8, 1, true>>(v, pol, ep, ran);
+  return run_forward_hopper<T, HopperShape<64, 4, 1, true, 2>>(v, pol, ep, ran);
+}
+
+// The sm_90a kernel's turn, when it applies and is wanted (see hopper_wanted): ran = false
+// leaves the call to the mma.sync kernels. Streamed: from launch_forward_mma_k.
+template <class T, int SURF, bool STREAMED>
+cudaError_t try_forward_hopper(const ForwardParams& p, bool& ran) {
+  ran = false;
+  if (!hopper_wanted(p) || !hopper_applies(p)) return cudaSuccess;
+  if constexpr (SURF == 0) {
+    return launch_padded_hopper<T>(p, ran);
+  } else if constexpr (SURF == 2) {
+    return launch_packed_hopper<T>(p, ran);
+  } else if constexpr (STREAMED) {
+    return launch_contrastive_hopper_streamed<T, SURF>(p, ran);
+  } else {
+    return launch_contrastive_hopper<T, SURF>(p, ran);
+  }
+}
+
 template <class T, int SURF>
 cudaError_t launch_forward_mma(const ForwardParams& p) {
-  if constexpr (is_contrastive(SURF) || SURF == 0) {
-    if (p.dim <= 128 && (SURF != 0 || hopper_padded_wanted(p)) && hopper_applies(p)) {
-      bool ran = false;
-      cudaError_t err;
-      if constexpr (SURF == 0) {
-        err = launch_padded_hopper<T>(p, ran);
-      } else {
-        err = launch_contrastive_hopper<T, SURF>(p, ran);
-      }
-      if (ran || err != cudaSuccess) return err;
-    }
+  if (p.dim <= 128) {
+    bool ran = false;
+    const cudaError_t err = try_forward_hopper<T, SURF, false>(p, ran);
+    if (ran || err != cudaSuccess) return err;
   }
   const int bm = pick_bm(p);
   const int kd = p.dim <= 64 ? 64 : (p.dim <= 128 ? 128 : 256);
@@ -214,17 +240,10 @@ struct MmaKRerankK128 { using type = MmaKMainloop<T, 32, 64, 2, 2, 128, 4, 2>; }
 // Explicitly instantiated per (dtype, surface) in forward_<dtype>_kchunk_<surface>.cu.
 template <class T, int SURF>
 cudaError_t launch_forward_mma_k(const ForwardParams& p) {
-  if constexpr (is_contrastive(SURF) || SURF == 0) {
-    if ((SURF != 0 || hopper_padded_wanted(p)) && hopper_applies(p)) {
-      bool ran = false;
-      cudaError_t err;
-      if constexpr (SURF == 0) {
-        err = launch_padded_hopper<T>(p, ran);
-      } else {
-        err = launch_contrastive_hopper_streamed<T, SURF>(p, ran);
-      }
-      if (ran || err != cudaSuccess) return err;
-    }
+  {
+    bool ran = false;
+    const cudaError_t err = try_forward_hopper<T, SURF, true>(p, ran);
+    if (ran || err != cudaSuccess) return err;
   }
   const int bm = pick_bm(p);
   if (bm == 32) {

@@ -1,4 +1,4 @@
-// The contrastive and padded (rerank) forward on sm_90a: warp-specialised, TMA-fed, wgmma.
+// The contrastive, padded (rerank) and packed forward on sm_90a: warp-specialised, TMA-fed, wgmma.
 // fp16/bf16, dim a multiple of 8; queries longer than 64 rows run as 64-row chunks.
 //
 // Roles. One producer warp (one elected lane) walks the CTA's steps, reads each document's
@@ -15,17 +15,18 @@
 //
 // Operands (HopperShape). dim <= 128, resident: the query blocks are loaded once per set
 // (single buffer, reloaded after every warpgroup released it: qempty) and a slot holds a
-// whole document tile. dim > 128 (padded: any dim), streamed: a slot holds one 64-column
+// whole document tile. dim > 128 (padded, packed: any dim), streamed: a slot holds one 64-column
 // K-chunk of the tile and of every block, and a tile's MMAs accumulate over ceil(dim / 64)
 // slots.
 //
 // Schedule. Steps are (set, document) in set-major order, split contiguously over a
 // persistent grid like the mma.sync kernel (contrastive), or strided over it (padded: each
-// step its own query and document, one consumer warpgroup, the query in every slot).
+// step its own query and document, one consumer warpgroup, the query in every slot; packed
+// the same with pair p as a query of one document, its query rows found by the producer).
 //
-// Bounded loads (padded): a document's last tile, and the query block, arrive as 32-row
-// boxes up to their lengths instead of whole boxes, so a short document costs its own rows
-// and not the padding after them; m64n64 / m64n32 MMAs run its short tails.
+// Bounded loads (padded, packed): a document's last tile, and the query block, arrive as
+// 32-row boxes up to their lengths instead of whole boxes, so a short document costs its own
+// rows and not the padding after them; m64n64 / m64n32 MMAs run its short tails.
 //
 // Where a tile runs past its document (the next document's rows, zero rows past the tensor,
 // or stale rows past a bounded load's last box), the fold masks those columns by select, so
@@ -260,52 +261,100 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
   int blocks = 0;       // query blocks of the current set
   int64_t first = 0;    // its first block
   uint32_t qbytes = 0;  // the bytes of one K-block of the set's query blocks
-  // The padded grid's documents belong to one query: its sets must be single blocks.
-  static_assert(C == 1 || !std::is_same_v<Policy, PaddedGrid>, "padded: one consumer");
+  // The strided grids' documents belong to one query: their sets must be single blocks.
+  static_assert(C == 1 || !Policy::kStrided, "strided grids: one consumer");
   prefetch_tensormap(qmap);
   prefetch_tensormap(dmap);
   if constexpr (Policy::kBoundedLoads) prefetch_tensormap(tmap);
   StepWalk<Policy::kStrided> walk(range, pol.Nb);
-  int64_t row0 = 0, len = 0;
-  bool ok = pol.doc_rows(block_query(hp, walk.set * C), walk.n, row0, len);
-  // A strided walk changes the query every step: its length travels in the TileInfo, read
-  // here a step ahead like the document's rows, instead of by the consumers per step
-  // (a global read and two warpgroup barriers in front of every step's first tile).
-  auto query_len = [&](int64_t set) -> int32_t {
-    if constexpr (Policy::kStrided) {
-      return static_cast<int32_t>(pol.qlen_of(block_query(hp, set * C)));
+  // A step's index reads, made a step ahead: the document's rows, and on a strided walk
+  // (a query per step) the query's length, which travels in the TileInfo instead of being
+  // read by the consumers per step (a global read and two warpgroup barriers in front of
+  // every step's first tile). A pair grid reads the query's first row here too, from the
+  // pair's ids, which it reads a step earlier still (ids2, for step s2), so that no read
+  // waits for another within a step.
+  struct Ahead {
+    int64_t row0 = 0, len = 0, qrow0 = 0;
+    int32_t qlen = 0;
+    bool ok = false;
+  };
+  [[maybe_unused]] auto read_ahead = [&](int64_t set, int64_t n) {
+    Ahead a;
+    if constexpr (!Policy::kPairRows) {
+      a.ok = pol.doc_rows(block_query(hp, set * C), n, a.row0, a.len);
+      if constexpr (Policy::kStrided) a.qlen = static_cast<int32_t>(pol.qlen_of(block_query(hp, set * C)));
+    }
+    return a;
+  };
+  [[maybe_unused]] auto read_pair = [&](const auto& ids) {
+    Ahead a;
+    if constexpr (Policy::kPairRows) {
+      int64_t ql = 0;
+      a.ok = pol.pair_rows(ids, a.qrow0, ql, a.row0, a.len);
+      a.qlen = a.ok ? static_cast<int32_t>(ql) : -1;
+    }
+    return a;
+  };
+  Ahead next;
+  [[maybe_unused]] int64_t s2 = 0;
+  auto ids2 = [&] {
+    if constexpr (Policy::kPairRows) {
+      // a pair grid's step s is block s (Nb = 1, one consumer)
+      next = read_pair(pol.pair_ids(block_query(hp, walk.s)));
+      s2 = walk.s + gridDim.x;
+      return pol.pair_ids(block_query(hp, s2 < walk.end ? s2 : walk.s));
     } else {
+      next = read_ahead(walk.set, walk.n);
       return 0;
     }
-  };
-  int32_t qlen = query_len(walk.set);
+  }();
+  // Pair grids: the current block's first query row and its 32-row boxes (0: the chunk
+  // holds no query rows, and its document is not loaded).
+  int qrow = 0, qboxes = 0;
   // Query block g of the set, K-block at column x, into dst (the boxes query_boxes counts).
   auto load_query = [&](uint32_t dst, uint32_t bar, int g, int x) {
-    const int row = static_cast<int>(block_row0(hp, first + g));
-    if constexpr (Policy::kBoundedLoads) {
+    if constexpr (Policy::kPairRows) {
+      for (int j = 0; j < qboxes; ++j) tma_load_2d(dst + j * kBoxBytes, qmap, bar, x, qrow + j * kBoxRows);
+    } else if constexpr (Policy::kBoundedLoads) {
+      const int row = static_cast<int>(block_row0(hp, first + g));
       const int boxes = query_boxes(hp, first + g);
       for (int j = 0; j < boxes; ++j) tma_load_2d(dst + j * kBoxBytes, qmap, bar, x, row + j * kBoxRows);
     } else {
-      tma_load_2d(dst, qmap, bar, x, row);
+      tma_load_2d(dst, qmap, bar, x, static_cast<int>(block_row0(hp, first + g)));
     }
   };
   while (walk.more()) {
-    const int64_t cur_n = walk.n, cur_row0 = row0, cur_len = ok ? len : 0;
-    const bool cur_ok = ok;
-    const int32_t cur_qlen = qlen;
+    const Ahead cur = next;
+    const int64_t cur_n = walk.n, cur_row0 = cur.row0;
+    int64_t cur_len = cur.ok ? cur.len : 0;
+    const bool cur_ok = cur.ok;
+    const int32_t cur_qlen = cur.qlen;
     const int64_t this_set = walk.set;
     walk.next();
-    if (walk.more()) {  // next step's index reads, consumed one iteration later
-      row0 = len = 0;
-      ok = pol.doc_rows(block_query(hp, walk.set * C), walk.n, row0, len);
-      qlen = query_len(walk.set);
+    if (walk.more()) {  // consumed one iteration later
+      if constexpr (Policy::kPairRows) {
+        next = read_pair(ids2);
+        s2 += gridDim.x;
+        if (s2 < walk.end) ids2 = pol.pair_ids(block_query(hp, s2));
+      } else {
+        next = read_ahead(walk.set, walk.n);
+      }
     }
     if (this_set != cur_set) {
       first = this_set * C;
       blocks = static_cast<int>(hp.blocks - first < C ? hp.blocks - first : C);
-      qbytes = 0;
-      for (int g = 0; g < blocks; ++g) {
-        qbytes += Policy::kBoundedLoads ? uint32_t(query_boxes(hp, first + g)) * kBoxBytes : Shape::kQueryBlockBytes / KB;
+      if constexpr (Policy::kPairRows) {
+        const int64_t c = hp.nchunks > 1 ? first - div_nonneg(first, hp.nchunks) * hp.nchunks : 0;
+        const int64_t rows = clamp64(int64_t(cur_qlen) - c * 64, 0, 64);
+        qrow = static_cast<int>(cur.qrow0 + c * 64);
+        qboxes = static_cast<int>((rows + kBoxRows - 1) / kBoxRows);
+        qbytes = uint32_t(qboxes) * kBoxBytes;
+      } else {
+        qbytes = 0;
+        for (int g = 0; g < blocks; ++g) {
+          qbytes += Policy::kBoundedLoads ? uint32_t(query_boxes(hp, first + g)) * kBoxBytes
+                                          : Shape::kQueryBlockBytes / KB;
+        }
       }
       if constexpr (!Shape::kStream) {
         if (cur_set >= 0) mbar_wait(smem_addr(&sm.qempty), (qround++) & 1);
@@ -319,6 +368,9 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
       }
       cur_set = this_set;
     }
+    // A chunk without query rows (an empty query, or one shorter than the longest) has
+    // nothing to score: one slot without data carries its step to the epilogue.
+    if (Policy::kPairRows && qboxes == 0) cur_len = 0;
     const bool data = cur_len > 0;
     const int64_t ntiles = data ? (cur_len + BN - 1) / BN : 1;
     const int nk = Shape::kStream && data ? hp.kchunks : 1;
@@ -438,13 +490,15 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
         query = div_nonneg(qb, hp.nchunks);
         chunk = qb - query * hp.nchunks;
       }
-      if (active && !Policy::kStrided) {  // the block's query lengths, read once per block
-        const int nseg = hp.nchunks > 1 ? 1
-                                        : static_cast<int>(pol.Nq - qb * pol.G < pol.G ? pol.Nq - qb * pol.G : pol.G);
-        const int64_t q0 = hp.nchunks > 1 ? query : qb * pol.G;
-        sync();  // the last epilogue has finished reading seg_qlen
-        for (int k = tid; k < nseg; k += 128) epi.seg_qlen[k] = pol.qlen_of(q0 + k);
-        sync();
+      if constexpr (!Policy::kStrided) {  // strided walks: the query length is in the TileInfo
+        if (active) {  // the block's query lengths, read once per block
+          const int nseg =
+              hp.nchunks > 1 ? 1 : static_cast<int>(pol.Nq - qb * pol.G < pol.G ? pol.Nq - qb * pol.G : pol.G);
+          const int64_t q0 = hp.nchunks > 1 ? query : qb * pol.G;
+          sync();  // the last epilogue has finished reading seg_qlen
+          for (int k = tid; k < nseg; k += 128) epi.seg_qlen[k] = pol.qlen_of(q0 + k);
+          sync();
+        }
       }
       if constexpr (!Shape::kStream) mbar_wait(smem_addr(&sm.qfull), (qround++) & 1);
     }
@@ -611,15 +665,31 @@ bool rows_map(CUtensorMap& map, const void* base, int64_t rows, int64_t dim, int
   return true;
 }
 
-// Whether the Hopper kernel takes this padded or contrastive call (else the caller runs the
-// mma.sync kernels). Contrastive: dim <= 128 runs the resident shapes, anything wider the
-// streamed ones; padded: the streamed shape at any dim.
+// The call as this kernel's grids see it: packed pairs are padded queries of one document
+// each (Nq = P, Lq = max_q_len; see PackedGrid).
+inline ForwardParams hopper_view(const ForwardParams& p) {
+  if (p.surface != Surface::kPacked) return p;
+  ForwardParams v = p;
+  v.num_queries = p.pairs;
+  v.cands = 1;
+  v.lq = p.max_q_len;
+  return v;
+}
+
+// Whether the Hopper kernel takes this call (else the caller runs the mma.sync kernels).
+// Contrastive: dim <= 128 runs the resident shapes, anything wider the streamed ones;
+// padded and packed: the streamed shape at any dim. Packed needs max_q_len >= 1 (it sizes
+// the grid's blocks); a max_q_len above the query tensor's rows is left to the mma.sync
+// kernels too, since every pair would walk ceil(max_q_len / 64) chunks, most without rows.
 inline bool hopper_applies(const ForwardParams& p) {
   constexpr int64_t kCoordLimit = (int64_t(1) << 31) - 256;  // TMA coordinates are int32
-  return p.lq >= 1 && p.dim >= 8 && p.dim % 8 == 0 && p.dim < kCoordLimit && p.num_queries > 0 &&
-         p.num_docs > 0 && p.q_rows > 0 && p.d_rows > 0 && p.q_rows < kCoordLimit && p.d_rows < kCoordLimit &&
-         reinterpret_cast<uintptr_t>(p.queries) % 16 == 0 && reinterpret_cast<uintptr_t>(p.documents) % 16 == 0 &&
-         !force_mma_sync() && wgmma_compiled_for_current_device();
+  const bool packed = p.surface == Surface::kPacked;
+  const int64_t lq = packed ? p.max_q_len : p.lq;
+  return lq >= 1 && (!packed || lq <= p.q_rows) && p.dim >= 8 && p.dim % 8 == 0 && p.dim < kCoordLimit &&
+         p.num_queries > 0 && p.num_docs > 0 && p.q_rows > 0 && p.d_rows > 0 && p.q_rows < kCoordLimit &&
+         p.d_rows < kCoordLimit && reinterpret_cast<uintptr_t>(p.queries) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(p.documents) % 16 == 0 && !force_mma_sync() &&
+         wgmma_compiled_for_current_device();
 }
 
 // Padded documents shorter than this stay on the mma.sync kernels at dim <= 128: H100, GPU
@@ -636,17 +706,31 @@ inline bool hopper_padded_wanted(const ForwardParams& p) {
   if (e != nullptr && (e[0] == '0' || e[0] == '1')) return e[0] == '1';
   return p.dim > 128 || p.ld >= kHopperPaddedMinRows;
 }
-
-// dim > 128 on sm_90a: the dispatcher sends these padded and contrastive calls to the
-// K-streaming launcher (launch_forward_mma_k), which tries the streamed shapes first.
-inline bool hopper_streamed_wanted(const ForwardParams& p) {
-  return p.dim > 128 && (p.surface == Surface::kPadded ? hopper_padded_wanted(p) : p.surface != Surface::kPacked) &&
-         hopper_applies(p);
+// Packed, by the same rule on the average document (d_rows / num_docs; not yet measured
+// on packed calls of its own). MAXSIM_CUDA_HOPPER_PACKED=1|0 overrides, read per call.
+inline bool hopper_packed_wanted(const ForwardParams& p) {
+  const char* e = std::getenv("MAXSIM_CUDA_HOPPER_PACKED");
+  if (e != nullptr && (e[0] == '0' || e[0] == '1')) return e[0] == '1';
+  return p.dim > 128 || (p.num_docs > 0 && p.d_rows / p.num_docs >= kHopperPaddedMinRows);
+}
+// Whether this kernel is wanted for the call's surface and shape (contrastive: always).
+inline bool hopper_wanted(const ForwardParams& p) {
+  switch (p.surface) {
+    case Surface::kPadded: return hopper_padded_wanted(p);
+    case Surface::kPacked: return hopper_packed_wanted(p);
+    default: return true;
+  }
 }
 
-// 64-row query blocks of a call: the contrastive policy's blocks of 64 / Lq stacked queries
-// (make_contrastive(p, 64)), padded: one query a block; for Lq > 64, ceil(Lq / 64) chunks
-// of every query.
+// dim > 128 on sm_90a: the dispatcher sends these calls to the K-streaming launcher
+// (launch_forward_mma_k), which tries the streamed shapes first.
+inline bool hopper_streamed_wanted(const ForwardParams& p) {
+  return p.dim > 128 && hopper_wanted(p) && hopper_applies(p);
+}
+
+// 64-row query blocks of a call (hopper_view's terms): the contrastive policy's blocks of
+// 64 / Lq stacked queries (make_contrastive(p, 64)), padded and packed: one query (pair) a
+// block; for Lq > 64, ceil(Lq / 64) chunks of every query.
 struct HopperBlocks {
   int64_t blocks, nchunks;
 };
@@ -655,7 +739,7 @@ inline HopperBlocks hopper_blocks(const ForwardParams& p) {
     const int64_t nchunks = (p.lq + 63) / 64;
     return {p.num_queries * nchunks, nchunks};
   }
-  int64_t g = p.surface == Surface::kPadded ? 1 : 64 / p.lq;
+  int64_t g = is_contrastive(static_cast<int>(p.surface)) ? 64 / p.lq : 1;
   if (g > p.num_queries) g = p.num_queries;
   if (g < 1) g = 1;
   return {(p.num_queries + g - 1) / g, 1};

@@ -144,6 +144,7 @@ struct ContrastiveGrid {
   int G;  // queries stacked per block
   GroupedOrder order;
   static constexpr bool kStrided = false;  // the warp-specialised kernel's step walk (StepWalk)
+  static constexpr bool kPairRows = false;  // see PackedGrid
   // Whole 128-row document tiles and 64-row query blocks: a tile past a document holds the
   // next document's rows, which come from L2 anyway (every query block reads them).
   static constexpr bool kBoundedLoads = false;
@@ -213,6 +214,7 @@ struct PaddedGrid {
   // Rerank reads each document once, from HBM: the producer loads a document's last tile
   // and the query block in 32-row boxes up to their lengths, not the padding past them.
   static constexpr bool kBoundedLoads = true;
+  static constexpr bool kPairRows = false;  // see PackedGrid
 
   __device__ __forceinline__ int64_t qlen_of(int64_t q) const {
     int64_t v;
@@ -237,6 +239,70 @@ struct PaddedGrid {
     d.doc_row0 = ok ? o0 : 0;
     d.dlen = ok ? len : 0;
     d.out0 = q * Nb + n;
+    d.out_stride = 0;
+    d.bad = !ok || qlen0 < 0;
+    return d;
+  }
+};
+
+// packed, in the padded grid's terms: pair p plays a padded query with one document
+// (Nq = P, Nb = 1, G = 1, Lq = max_q_len; a grid step is a pair, or a 64-row chunk of one).
+// Its query's first row is data, so the kernel's producer reads the pair itself (kPairRows:
+// the ids two steps ahead, both segments one step ahead) and loads the query boxes from
+// there; the consumers get the query length in the TileInfo and read no index.
+// A query longer than Lq (max_q_len understated; a GPU cannot check it before the launch)
+// makes its pair bad: its rows past the block's chunks would be neither loaded nor summed.
+struct PackedGrid {
+  IndexView qoffs, doffs, pqids, pdids;
+  int64_t Nq, Nb, Lq;  // pairs, 1, max_q_len
+  int64_t q_segs, d_segs, Tq, Td;
+  static constexpr int G = 1;
+  static constexpr bool kStrided = true;
+  static constexpr bool kBoundedLoads = true;
+  static constexpr bool kPairRows = true;
+
+  // Two reads per pair, a step apart in the producer: the ids, then the segments they name.
+  // Both are predicated loads and checks by select, so neither waits for its loads: they
+  // stay in flight while the producer issues the current step's tiles.
+  struct Ids {
+    int64_t qid, did;
+    bool ok;
+  };
+  __device__ __forceinline__ Ids pair_ids(int64_t p) const {
+    Ids r;
+    bool okq, okd;
+    r.qid = pqids.fetch(p, okq);
+    r.did = pdids.fetch(p, okd);
+    r.ok = okq & okd;
+    return r;
+  }
+  // The pair's query rows [q0, q0 + ql) and document rows [d0, d0 + dl); false for a bad
+  // pair (the checks of segment(), and ql <= Lq).
+  __device__ __forceinline__ bool pair_rows(const Ids& id, int64_t& q0, int64_t& ql, int64_t& d0,
+                                            int64_t& dl) const {
+    bool a, b, c, d;
+    const int64_t qa = qoffs.fetch(id.qid, a), qb = qoffs.fetch(id.qid + 1, b);
+    const int64_t da = doffs.fetch(id.did, c), db = doffs.fetch(id.did + 1, d);
+    const bool okq = a & b & (id.qid < q_segs) & (qa >= 0) & (qb >= qa) & (qb <= Tq) & (qb - qa <= Lq);
+    const bool okd = c & d & (id.did < d_segs) & (da >= 0) & (db >= da) & (db <= Td);
+    q0 = qa;
+    ql = qb - qa;
+    d0 = da;
+    dl = db - da;
+    return id.ok & okq & okd;
+  }
+  // qlen0: the query's length, < 0 for a bad pair (the producer's reads say which).
+  __device__ __forceinline__ StepDesc step_at(int64_t p, int64_t, bool ok, int64_t o0, int64_t len,
+                                              int64_t qlen0) const {
+    StepDesc d;
+    d.nseg = 1;
+    d.qkey = p;
+    d.q_row0 = 0;  // unused: the producer loaded the query
+    d.seg_stride = 1;
+    d.qlen0 = qlen0 < 0 ? 0 : qlen0;
+    d.doc_row0 = ok ? o0 : 0;
+    d.dlen = ok ? len : 0;
+    d.out0 = p;
     d.out_stride = 0;
     d.bad = !ok || qlen0 < 0;
     return d;
