@@ -1,9 +1,12 @@
 """A small CUDA workload for compute-sanitizer: every public entry point once, per dtype,
-on ragged inputs with odd sizes (partial tiles), empty segments and a bad pair id.
+on ragged inputs with odd sizes (partial tiles), empty segments and a bad pair id; then the
+half-precision padded and packed calls again with the sm_90a kernel forced on them (by
+default it takes only long documents or dim > 128), in both of its padded shapes.
 
     compute-sanitizer --tool memcheck  python3 tools/device/sanitize_subset.py
     compute-sanitizer --tool racecheck python3 tools/device/sanitize_subset.py
 """
+import os
 from pathlib import Path
 
 import kernels
@@ -19,41 +22,51 @@ def rand(*shape, dtype):
     return torch.randn(*shape, generator=gen).to(dtype).to(dev)
 
 
+def every_entry_point(dtype, dim):
+    b, c, lq, ld = 3, 5, 37, 141
+    q, d = rand(b, lq, dim, dtype=dtype), rand(b, c, ld, dim, dtype=dtype)
+    ql = torch.tensor([lq, 0, 17], device=dev)
+    dl = torch.randint(0, ld + 1, (b, c), generator=gen).to(dev)
+    dl[0, 0] = 0
+    q.requires_grad_(), d.requires_grad_()
+    maxsim.score_candidates_padded(q, d, ql, dl)
+    maxsim.score_candidates_padded_with_argmax(q, d, ql, dl)
+    maxsim.score_candidates_padded_train(q, d, ql, dl).sum().backward()
+
+    doc_lens = torch.tensor([0, 5, 141, 64, 1])
+    offs = torch.cat([torch.zeros(1, dtype=torch.long), doc_lens.cumsum(0)]).to(dev)
+    docs = rand(int(doc_lens.sum()), dim, dtype=dtype).requires_grad_()
+    cq = rand(4, lq, dim, dtype=dtype).requires_grad_()
+    cql = torch.tensor([lq, 1, 0, 20], device=dev)
+    maxsim.score_contrastive(cq, docs, offs, query_lengths=cql)
+    maxsim.score_contrastive_train(cq, docs, offs, query_lengths=cql).sum().backward()
+
+    pdocs = rand(5, ld, dim, dtype=dtype).requires_grad_()
+    plens = torch.tensor([0, 5, ld, 64, 1], device=dev, dtype=torch.int32)
+    maxsim.score_contrastive_padded_with_argmax(cq, pdocs, plens, query_lengths=cql)
+    maxsim.score_contrastive_padded_train(cq, pdocs, plens, query_lengths=cql).sum().backward()
+
+    q_lens = torch.tensor([7, 0, 300, 33])
+    qoffs = torch.cat([torch.zeros(1, dtype=torch.long), q_lens.cumsum(0)]).to(dev)
+    pq_tok = rand(int(q_lens.sum()), dim, dtype=dtype).requires_grad_()
+    pq = torch.tensor([0, 1, 2, 3, 2, 0, 3], device=dev, dtype=torch.int32)
+    pd = torch.tensor([1, 2, 2, 0, 4, 3, 4], device=dev, dtype=torch.int32)
+    maxsim.score_pairs_packed(pq_tok, qoffs, docs, offs, pq, pd)
+    maxsim.score_pairs_packed_train(pq_tok, qoffs, docs, offs, pq, pd, max_q_len=300).sum().backward()
+    bad = pd.clone()
+    bad[2] = 99  # out of range: NaN score, no access
+    s = maxsim.score_pairs_packed(pq_tok, qoffs, docs, offs, pq, bad)
+    assert torch.isnan(s[2]), s
+    maxsim.score_pairs_packed_with_argmax(pq_tok, qoffs, docs, offs, pq, bad, max_q_len=300)
+
+
 for dtype in (torch.float16, torch.bfloat16, torch.float32):
     for dim in (3, 128, 300):
-        b, c, lq, ld = 3, 5, 37, 141
-        q, d = rand(b, lq, dim, dtype=dtype), rand(b, c, ld, dim, dtype=dtype)
-        ql = torch.tensor([lq, 0, 17], device=dev)
-        dl = torch.randint(0, ld + 1, (b, c), generator=gen).to(dev)
-        dl[0, 0] = 0
-        q.requires_grad_(), d.requires_grad_()
-        maxsim.score_candidates_padded(q, d, ql, dl)
-        maxsim.score_candidates_padded_with_argmax(q, d, ql, dl)
-        maxsim.score_candidates_padded_train(q, d, ql, dl).sum().backward()
-
-        doc_lens = torch.tensor([0, 5, 141, 64, 1])
-        offs = torch.cat([torch.zeros(1, dtype=torch.long), doc_lens.cumsum(0)]).to(dev)
-        docs = rand(int(doc_lens.sum()), dim, dtype=dtype).requires_grad_()
-        cq = rand(4, lq, dim, dtype=dtype).requires_grad_()
-        cql = torch.tensor([lq, 1, 0, 20], device=dev)
-        maxsim.score_contrastive(cq, docs, offs, query_lengths=cql)
-        maxsim.score_contrastive_train(cq, docs, offs, query_lengths=cql).sum().backward()
-
-        pdocs = rand(5, ld, dim, dtype=dtype).requires_grad_()
-        plens = torch.tensor([0, 5, ld, 64, 1], device=dev, dtype=torch.int32)
-        maxsim.score_contrastive_padded_with_argmax(cq, pdocs, plens, query_lengths=cql)
-        maxsim.score_contrastive_padded_train(cq, pdocs, plens, query_lengths=cql).sum().backward()
-
-        q_lens = torch.tensor([7, 0, 300, 33])
-        qoffs = torch.cat([torch.zeros(1, dtype=torch.long), q_lens.cumsum(0)]).to(dev)
-        pq_tok = rand(int(q_lens.sum()), dim, dtype=dtype).requires_grad_()
-        pq = torch.tensor([0, 1, 2, 3, 2, 0, 3], device=dev, dtype=torch.int32)
-        pd = torch.tensor([1, 2, 2, 0, 4, 3, 4], device=dev, dtype=torch.int32)
-        maxsim.score_pairs_packed(pq_tok, qoffs, docs, offs, pq, pd)
-        maxsim.score_pairs_packed_train(pq_tok, qoffs, docs, offs, pq, pd, max_q_len=300).sum().backward()
-        bad = pd.clone()
-        bad[2] = 99  # out of range: NaN score, no access
-        s = maxsim.score_pairs_packed(pq_tok, qoffs, docs, offs, pq, bad)
-        assert torch.isnan(s[2]), s
+        every_entry_point(dtype, dim)
+os.environ.update(MAXSIM_CUDA_HOPPER_PADDED="1", MAXSIM_CUDA_HOPPER_PACKED="1")
+for ctas in ("2", "1"):
+    os.environ["MAXSIM_CUDA_HOPPER_PADDED_CTAS"] = ctas
+    for dtype in (torch.float16, torch.bfloat16):
+        every_entry_point(dtype, 128)
 torch.cuda.synchronize()
 print("sanitize subset done")
