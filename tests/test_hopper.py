@@ -44,6 +44,15 @@ def hopper_padded_always(monkeypatch):
     monkeypatch.setenv("MAXSIM_CUDA_HOPPER_PACKED", "1")
 
 
+def assert_exact_ties(ms, monkeypatch, case):
+    """Lattice values tie exactly: the scores bit for bit and the lowest tied row as argmax,
+    against the reference and against the mma.sync kernels."""
+    (s_h, a_h), (s_m, a_m) = both_paths(monkeypatch, lambda: case.call(ms, "_with_argmax"))
+    assert_scores(s_h, case, exact=True)
+    assert_argmax(a_h, case, exact=True)
+    assert torch.equal(s_h, s_m) and torch.equal(a_h, a_m)
+
+
 def both_paths(monkeypatch, fn):
     monkeypatch.delenv("MAXSIM_CUDA_FORCE_MMA_SYNC", raising=False)
     hopper = fn()
@@ -140,15 +149,6 @@ def test_train_gradients(ms, rng, dim):
     assert_grads(gd, ed, bound_d, case.queries.dtype)
 
 
-def _both_kernels(monkeypatch, fn):
-    """(this kernel, the mma.sync kernels) on the same call"""
-    hopper = fn()
-    monkeypatch.setenv("MAXSIM_CUDA_FORCE_MMA_SYNC", "1")
-    mma = fn()
-    monkeypatch.delenv("MAXSIM_CUDA_FORCE_MMA_SYNC")
-    return hopper, mma
-
-
 @pytest.mark.parametrize("dim", [128, 256])
 def test_large_ragged_corpus(ms, monkeypatch, rng, dim):
     """A corpus-sized call (many steps per CTA, 2^20 document rows) of ragged packed
@@ -159,7 +159,7 @@ def test_large_ragged_corpus(ms, monkeypatch, rng, dim):
     d_lens[torch.randperm(n_docs, generator=rng)[:600]] = torch.randint(0, 3, (600,), generator=rng)
     case = make_contrastive(rng, 8, 32, d_lens, dim, dtype=torch.bfloat16, device="cuda")
     assert int(d_lens.sum()) >= 1 << 20
-    (s_h, a_h), (s_m, a_m) = _both_kernels(monkeypatch, lambda: case.call(ms, "_with_argmax"))
+    (s_h, a_h), (s_m, a_m) = both_paths(monkeypatch, lambda: case.call(ms, "_with_argmax"))
     torch.testing.assert_close(s_h, s_m, rtol=1e-5, atol=1e-4)
     assert (a_h == a_m).float().mean() > 0.99
 
@@ -175,7 +175,7 @@ def test_unsorted_offsets(ms, monkeypatch, rng):
     offsets[700] = offsets[1900]  # documents 699 and 700 become bad, and the prefix dips
     offsets[1500] = 5
     bad = dataclasses.replace(case, document_offsets=offsets)
-    (s_h, a_h), (s_m, a_m) = _both_kernels(monkeypatch, lambda: bad.call(ms, "_with_argmax"))
+    (s_h, a_h), (s_m, a_m) = both_paths(monkeypatch, lambda: bad.call(ms, "_with_argmax"))
     assert torch.equal(s_h.isnan(), s_m.isnan()) and s_h.isnan().any()
     assert bool((a_h[s_h.isnan()] == -1).all())
     torch.testing.assert_close(s_h.nan_to_num(), s_m.nan_to_num(), rtol=1e-5, atol=1e-4)
@@ -257,12 +257,7 @@ def test_padded_exact_ties(ms, monkeypatch, rng, dim, dtype, ctas):
     docs[0, 5, 40] = docs[0, 5, 20]    # inside a 63-row tail (m64n64), across a box boundary
     docs[1, 2, 100] = docs[1, 2, 3]    # inside a 127-row tail of 4 boxes
     docs[2, 1, 190] = docs[2, 1, 129]  # inside a 72-row tail of 3 boxes
-    s_h, a_h = case.call(ms, "_with_argmax")
-    assert_scores(s_h, case, exact=True)
-    assert_argmax(a_h, case, exact=True)
-    monkeypatch.setenv("MAXSIM_CUDA_FORCE_MMA_SYNC", "1")
-    s_m, a_m = case.call(ms, "_with_argmax")
-    assert torch.equal(s_h, s_m) and torch.equal(a_h, a_m)
+    assert_exact_ties(ms, monkeypatch, case)
 
 
 @pytest.mark.parametrize("dim", [128, 256])
@@ -427,12 +422,7 @@ def test_packed_exact_ties(ms, monkeypatch, rng, dim, dtype, ctas):
     docs = case.documents
     for n, (a, b) in enumerate([(20, 40), (12, 140), (130, 149), (3, 100), (129, 190), (2, 21)]):
         docs[starts[n] + b] = docs[starts[n] + a]
-    s_h, a_h = case.call(ms, "_with_argmax")
-    assert_scores(s_h, case, exact=True)
-    assert_argmax(a_h, case, exact=True)
-    monkeypatch.setenv("MAXSIM_CUDA_FORCE_MMA_SYNC", "1")
-    s_m, a_m = case.call(ms, "_with_argmax")
-    assert torch.equal(s_h, s_m) and torch.equal(a_h, a_m)
+    assert_exact_ties(ms, monkeypatch, case)
 
 
 @pytest.mark.parametrize("dim", [128, 256])
