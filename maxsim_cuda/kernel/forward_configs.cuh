@@ -99,19 +99,16 @@ cudaError_t launch_contrastive_hopper_streamed(const ForwardParams& p, bool& ran
 // in flight per SM: one CTA with 8 slots, or two CTAs with 4 slots each. Two (the default)
 // keep two steps' MMAs, folds and epilogues going per SM, so one CTA's epilogue overlaps the
 // other's MMAs, and a call of few steps (SmallRerank: 320) spreads over twice the CTAs.
-// MAXSIM_CUDA_HOPPER_PADDED_CTAS=1|2 picks (read per call, for experiments).
 inline PaddedGrid make_padded_grid(const ForwardParams& p) {
   return PaddedGrid{IndexView(p.query_lengths), IndexView(p.doc_lengths), p.num_queries, p.cands, p.lq, p.ld};
 }
-inline int hopper_padded_ctas_per_sm() {
-  const char* e = std::getenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS");
-  return e != nullptr && e[0] == '1' ? 1 : 2;
-}
-template <class T>
-cudaError_t launch_padded_hopper(const ForwardParams& p, bool& ran) {
-  const PaddedGrid pol = make_padded_grid(p);
+// The strided grids' two shapes (padded, and packed as its twin).
+// MAXSIM_CUDA_HOPPER_PADDED_CTAS=1|2 picks (read per call, for experiments).
+template <class T, class Grid>
+cudaError_t run_strided_hopper(const ForwardParams& p, const Grid& pol, bool& ran) {
   const EpilogueArgs ep = make_args<T>(p).ep;
-  if (hopper_padded_ctas_per_sm() == 1) return run_forward_hopper<T, HopperShape<64, 8, 1, true>>(p, pol, ep, ran);
+  const char* e = std::getenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS");
+  if (e != nullptr && e[0] == '1') return run_forward_hopper<T, HopperShape<64, 8, 1, true>>(p, pol, ep, ran);
   return run_forward_hopper<T, HopperShape<64, 4, 1, true, 2>>(p, pol, ep, ran);
 }
 
@@ -122,14 +119,6 @@ inline PackedGrid make_packed_grid(const ForwardParams& p) {
                     IndexView(p.pair_doc_ids), p.pairs, 1, p.max_q_len, p.num_queries, p.num_docs, p.q_rows,
                     p.d_rows};
 }
-template <class T>
-cudaError_t launch_packed_hopper(const ForwardParams& p, bool& ran) {
-  const PackedGrid pol = make_packed_grid(p);
-  const EpilogueArgs ep = make_args<T>(p).ep;
-  const ForwardParams v = hopper_view(p);
-  if (hopper_padded_ctas_per_sm() == 1) return run_forward_hopper<T, HopperShape<64, 8, 1, true>>(v, pol, ep, ran);
-  return run_forward_hopper<T, HopperShape<64, 4, 1, true, 2>>(v, pol, ep, ran);
-}
 
 // The sm_90a kernel's turn, when it applies and is wanted (see hopper_wanted): ran = false
 // leaves the call to the mma.sync kernels. Streamed: from launch_forward_mma_k.
@@ -138,9 +127,9 @@ cudaError_t try_forward_hopper(const ForwardParams& p, bool& ran) {
   ran = false;
   if (!hopper_wanted(p) || !hopper_applies(p)) return cudaSuccess;
   if constexpr (SURF == 0) {
-    return launch_padded_hopper<T>(p, ran);
+    return run_strided_hopper<T>(p, make_padded_grid(p), ran);
   } else if constexpr (SURF == 2) {
-    return launch_packed_hopper<T>(p, ran);
+    return run_strided_hopper<T>(hopper_view(p), make_packed_grid(p), ran);
   } else if constexpr (STREAMED) {
     return launch_contrastive_hopper_streamed<T, SURF>(p, ran);
   } else {
@@ -160,8 +149,7 @@ cudaError_t launch_forward_mma(const ForwardParams& p) {
   if constexpr (!is_contrastive(SURF)) {
     // RerankWide measured faster for long documents (ColPali pages, ~7%), the 4-warp shape
     // for short ones (Ld 180-256, ~10%) on an H200; average document length decides.
-    const int64_t avg_doc = SURF == 0 ? p.ld : (p.num_docs > 0 ? p.d_rows / p.num_docs : 0);
-    const bool wide = p.rerank_variant >= 0 ? p.rerank_variant != 0 : avg_doc >= 512;
+    const bool wide = p.rerank_variant >= 0 ? p.rerank_variant != 0 : average_doc_rows(p) >= 512;
     if (bm == 32 && kd <= 128 && wide) {
       return kd == 64 ? run_surface<typename RerankWide<T, 64>::type, SURF>(p)
                       : run_surface<typename RerankWide<T, 128>::type, SURF>(p);

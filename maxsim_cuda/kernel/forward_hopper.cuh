@@ -692,36 +692,30 @@ inline bool hopper_applies(const ForwardParams& p) {
          wgmma_compiled_for_current_device();
 }
 
-// Padded documents shorter than this stay on the mma.sync kernels at dim <= 128: H100, GPU
-// time per call, sm_90a / mma.sync: SmallRerank (Ld 180) full 9.4 / 9.2 us, ragged 8.8 /
-// 8.0; Rerank (Ld 180) full 31.7 / 36.1, ragged 28.6 / 26.4; from Ld 256 on this kernel
-// wins or ties (HeavyRerank full 75.7 / 81.4, ragged 56.8 / 56.6; LongDocStress 10.6 / 16.1;
-// ColPaliRerank ragged 64.6 / 67.8), and at dim > 128 at every length (RerankD256..1024
-// 8-13% faster).
-// MAXSIM_CUDA_HOPPER_PADDED=1 takes this kernel for every padded call it can run, 0 for none
-// (read per call: tests and comparisons).
-constexpr int64_t kHopperPaddedMinRows = 256;
-inline bool hopper_padded_wanted(const ForwardParams& p) {
-  const char* e = std::getenv("MAXSIM_CUDA_HOPPER_PADDED");
-  if (e != nullptr && (e[0] == '0' || e[0] == '1')) return e[0] == '1';
-  return p.dim > 128 || p.ld >= kHopperPaddedMinRows;
+// Rows of an average document: padded, the padded length; else the packed rows per document.
+inline int64_t average_doc_rows(const ForwardParams& p) {
+  if (p.surface == Surface::kPadded) return p.ld;
+  return p.num_docs > 0 ? p.d_rows / p.num_docs : 0;
 }
-// Packed, by the same rule on the average document (d_rows / num_docs). Measured (H100, GPU
-// time per call, mma.sync / this kernel): SmallRerankPacked 8.9 / 10.1 us, HeavyRerankPacked
-// (average ~160 rows) 57.9 / 62.7, LongDocStressPacked 16.8 / 10.8, ColPaliRerankPacked
-// 70.3 / 66.0. MAXSIM_CUDA_HOPPER_PACKED=1|0 overrides, read per call.
-inline bool hopper_packed_wanted(const ForwardParams& p) {
-  const char* e = std::getenv("MAXSIM_CUDA_HOPPER_PACKED");
-  if (e != nullptr && (e[0] == '0' || e[0] == '1')) return e[0] == '1';
-  return p.dim > 128 || (p.num_docs > 0 && p.d_rows / p.num_docs >= kHopperPaddedMinRows);
-}
+
+// Padded and packed calls whose average document is shorter than this stay on the mma.sync
+// kernels at dim <= 128. H100, GPU time per call, mma.sync / this kernel: SmallRerank (Ld
+// 180) full 9.2 / 9.4 us, ragged 8.0 / 8.8; Rerank (Ld 180) full 36.1 / 31.7, ragged 26.4 /
+// 28.6; SmallRerankPacked 8.9 / 10.1, HeavyRerankPacked (average ~160 rows) 57.9 / 62.7.
+// From 256 rows on this kernel wins or ties (HeavyRerank full 81.4 / 75.7, ragged 56.6 /
+// 56.8; LongDocStress 16.1 / 10.6, LongDocStressPacked 16.8 / 10.8; ColPaliRerank ragged
+// 67.8 / 64.6, ColPaliRerankPacked 70.3 / 66.0), and at dim > 128 at every length
+// (RerankD256..1024 8-13% faster).
+constexpr int64_t kHopperMinDocRows = 256;
+
 // Whether this kernel is wanted for the call's surface and shape (contrastive: always).
+// MAXSIM_CUDA_HOPPER_PADDED / MAXSIM_CUDA_HOPPER_PACKED = 1 take it for every padded /
+// packed call it can run, 0 for none (read per call: tests and comparisons).
 inline bool hopper_wanted(const ForwardParams& p) {
-  switch (p.surface) {
-    case Surface::kPadded: return hopper_padded_wanted(p);
-    case Surface::kPacked: return hopper_packed_wanted(p);
-    default: return true;
-  }
+  if (is_contrastive(static_cast<int>(p.surface))) return true;
+  const char* e = std::getenv(p.surface == Surface::kPacked ? "MAXSIM_CUDA_HOPPER_PACKED" : "MAXSIM_CUDA_HOPPER_PADDED");
+  if (e != nullptr && (e[0] == '0' || e[0] == '1')) return e[0] == '1';
+  return p.dim > 128 || average_doc_rows(p) >= kHopperMinDocRows;
 }
 
 // dim > 128 on sm_90a: the dispatcher sends these calls to the K-streaming launcher

@@ -59,6 +59,21 @@ __device__ __forceinline__ bool segment(const IndexView& offs, int64_t k, int64_
   return true;
 }
 
+// The (query id, document id) of pair p, by predicated reads (issued together, nothing
+// waits for them here); ok = false when p lies outside either tensor. Both packed policies.
+struct PairIds {
+  int64_t qid, did;
+  bool ok;
+};
+__device__ __forceinline__ PairIds fetch_pair_ids(const IndexView& pqids, const IndexView& pdids, int64_t p) {
+  PairIds r;
+  bool okq, okd;
+  r.qid = pqids.fetch(p, okq);
+  r.did = pdids.fetch(p, okd);
+  r.ok = okq && okd;
+  return r;
+}
+
 // What one step (a query block against one document) touches.
 struct StepDesc {
   int64_t qkey;        // identity of the query block: consecutive steps with the same key reuse it
@@ -264,18 +279,8 @@ struct PackedGrid {
   // Two reads per pair, a step apart in the producer: the ids, then the segments they name.
   // Both are predicated loads and checks by select, so neither waits for its loads: they
   // stay in flight while the producer issues the current step's tiles.
-  struct Ids {
-    int64_t qid, did;
-    bool ok;
-  };
-  __device__ __forceinline__ Ids pair_ids(int64_t p) const {
-    Ids r;
-    bool okq, okd;
-    r.qid = pqids.fetch(p, okq);
-    r.did = pdids.fetch(p, okd);
-    r.ok = okq & okd;
-    return r;
-  }
+  using Ids = PairIds;
+  __device__ __forceinline__ Ids pair_ids(int64_t p) const { return fetch_pair_ids(pqids, pdids, p); }
   // The pair's query rows [q0, q0 + ql) and document rows [d0, d0 + dl); false for a bad
   // pair (the checks of segment(), and ql <= Lq).
   __device__ __forceinline__ bool pair_rows(const Ids& id, int64_t& q0, int64_t& ql, int64_t& d0,
@@ -319,18 +324,8 @@ struct PackedPolicy {
   __host__ __device__ int max_segments() const { return 1; }
 
   // the pair's ids: read one step early, so only the offsets read stays on the step's path
-  struct Ahead {
-    int64_t qid, did;
-    bool ok;
-  };
-  __device__ __forceinline__ Ahead ahead(int64_t p) const {
-    Ahead h;
-    bool okq, okd;
-    h.qid = pqids.fetch(p, okq);
-    h.did = pdids.fetch(p, okd);
-    h.ok = okq && okd;
-    return h;
-  }
+  using Ahead = PairIds;
+  __device__ __forceinline__ Ahead ahead(int64_t p) const { return fetch_pair_ids(pqids, pdids, p); }
 
   __device__ __forceinline__ StepDesc step(int64_t p, const Ahead& h) const {
     StepDesc d;

@@ -13,6 +13,7 @@ and GPU-only time (CUDA-graph replay), for maxsim and for the raw ops under it.
 An eager time close to the host time means the call is host-bound; the graph time is what
 the kernels cost. Add `profile` for a torch.profiler table of the training step.
 """
+import os
 import sys
 import time
 from pathlib import Path
@@ -164,7 +165,6 @@ def ab_probe(settings, shapes):
     """GPU time per call by default and with each environment setting (ENV=VALUE, comma-
     separated; read per call by the kernels' launchers), every graph captured in this
     process and replayed in alternating rounds so that clocks and neighbours hit all alike."""
-    import os
     settings = settings.split(",")
     for shape in shapes:
         name, layout = shape.split(":")
