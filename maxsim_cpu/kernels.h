@@ -152,15 +152,18 @@ struct ForwardScratch {
   int64_t cached_row = -1, cached_len = -1;
 };
 
-// float32 / float16 / bfloat16: float32 microkernel on widened data, or the bfloat16
-// dot-product microkernel on the raw data where the CPU has one.
-template <class T, class Policy, class ParallelFor>
-void forward_f32(const Policy& pol, const T* queries, const T* documents, int64_t dim,
-                 float* scores, int32_t* argmax, int64_t argmax_width,
+// float32 / float16 / bfloat16 queries: float32 microkernel on widened data, or the bfloat16
+// dot-product microkernel on the raw data where the CPU has one. Documents are of the
+// queries' type (DT = T, doc_scales null) or compressed (DT int8_t / Float8E4M3, one float32
+// scale per document row in doc_scales, applied to each similarity before the max).
+template <class T, class DT, class Policy, class ParallelFor>
+void forward_f32(const Policy& pol, const T* queries, const DT* documents, const float* doc_scales,
+                 int64_t dim, float* scores, int32_t* argmax, int64_t argmax_width,
                  ParallelFor&& parallel_for) {
   bool bf16_dot = false;
-  if constexpr (std::is_same_v<T, BFloat16>) bf16_dot = dim % 2 == 0 && has_bf16_dot();
-  const bool in_place = std::is_same_v<T, float> || bf16_dot;
+  if constexpr (std::is_same_v<T, BFloat16> && std::is_same_v<DT, T>)
+    bf16_dot = dim % 2 == 0 && has_bf16_dot();
+  const bool in_place = std::is_same_v<DT, float> || bf16_dot;
   const int64_t block = doc_block_rows(dim, in_place ? 131072 : 4096);
   parallel_for(int64_t(0), pol.num_pairs(), int64_t(1), [&](int64_t begin, int64_t end) {
     ForwardScratch w;
@@ -203,21 +206,22 @@ void forward_f32(const Policy& pol, const T* queries, const T* documents, int64_
       std::fill(arg, arg + ldq, 0);  // all similarities -inf: index 0, as torch.max
       for (int64_t j0 = 0; j0 < s.dlen; j0 += block) {
         const int64_t n = std::min(block, s.dlen - j0);
-        const T* src = documents + (s.drow + j0) * dim;
+        const DT* src = documents + (s.drow + j0) * dim;
         if (bf16_dot) {
           sweep_bf16({qP, ldq, ldq, kpairs, reinterpret_cast<const uint16_t*>(src), dim, n,
                       int32_t(j0), best, arg});
           continue;
         }
         const float* rows;
-        if constexpr (std::is_same_v<T, float>) {
+        if constexpr (std::is_same_v<DT, float>) {
           rows = src;
         } else {
           float* buf = w.doc.get(std::max<int64_t>(block * dim, 1));
           widen(src, buf, n * dim);
           rows = buf;
         }
-        sweep({qT, ldq, ldq, dim, rows, dim, n, int32_t(j0), best, arg});
+        sweep({qT, ldq, ldq, dim, rows, dim, n, int32_t(j0), best, arg,
+               doc_scales ? doc_scales + s.drow + j0 : nullptr});
       }
       float total = 0.f;
       for (int64_t i = 0; i < s.qlen; ++i) total += best[i];
@@ -296,11 +300,15 @@ inline double load_acc(double v) { return v; }
 template <class T> inline T store_acc(typename AccOf<T>::type v) { return from_float<T>(v); }
 template <> inline double store_acc<double>(double v) { return v; }
 
-template <bool kToQuery, class T, class Policy, class Owners, class ParallelFor>
+// Compressed documents (DT int8_t / Float8E4M3, doc_scales per row) reach grad_queries only:
+// grad_q[i] += g_p * scale[a] * v[a] (in that order of products).
+template <bool kToQuery, class T, class DT, class Policy, class Owners, class ParallelFor>
 void backward_owned(const Policy& pol, const Owners& owners,
                     const typename AccOf<T>::type* grad_scores,
-                    const T* queries, const T* documents, int64_t dim, const int32_t* argmax,
-                    int64_t argmax_width, T* out, ParallelFor&& parallel_for) {
+                    const T* queries, const DT* documents, const float* doc_scales, int64_t dim,
+                    const int32_t* argmax, int64_t argmax_width, T* out,
+                    ParallelFor&& parallel_for) {
+  static_assert(kToQuery || std::is_same_v<DT, T>, "compressed documents get no gradient");
   using Acc = typename AccOf<T>::type;
   const int64_t count = owners.count();
   const int64_t grain = owners.disjoint() ? 1 : std::max<int64_t>(count, 1);
@@ -326,9 +334,15 @@ void backward_owned(const Policy& pol, const Owners& owners,
         for (int64_t i = 0; i < m; ++i) {
           const int64_t a = arow[i];
           if (a < 0 || a >= s.dlen) continue;  // never trust argmax for bounds
-          const T* src = kToQuery ? documents + (s.drow + a) * dim : queries + (s.qrow + i) * dim;
           Acc* dst = acc.data() + (kToQuery ? i : a) * dim;
-          for (int64_t k = 0; k < dim; ++k) dst[k] += g * load_acc(src[k]);
+          if constexpr (kToQuery) {
+            const DT* src = documents + (s.drow + a) * dim;
+            const Acc ga = doc_scales ? g * Acc(doc_scales[s.drow + a]) : g;
+            for (int64_t k = 0; k < dim; ++k) dst[k] += ga * load_acc(src[k]);
+          } else {
+            const T* src = queries + (s.qrow + i) * dim;
+            for (int64_t k = 0; k < dim; ++k) dst[k] += g * load_acc(src[k]);
+          }
           touched = true;
         }
       }

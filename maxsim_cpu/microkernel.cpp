@@ -66,7 +66,7 @@ constexpr int kW = 8, kR = 6, kNV = 2;  // unused here: only the 16-bit widening
 #include "maxsim_cpu/microkernel_impl.h"
 #include "maxsim_cpu/microkernel_avx512.h"
 void sweep512_entry(const SweepArgs& a) {
-  sweep512(a.qT, a.ldq, a.ncols, a.dim, a.doc, a.ldd, a.nrows, a.j0, a.best, a.arg);
+  sweep512(a.qT, a.ldq, a.ncols, a.dim, a.doc, a.ldd, a.nrows, a.j0, a.best, a.arg, a.scale);
 }
 }  // namespace isa_avx512
 #if defined(__clang__)

@@ -71,6 +71,23 @@ inline float to_float(float v) { return v; }
 inline float to_float(Half v) { return half_bits_to_float(v.bits); }
 inline float to_float(BFloat16 v) { return bf16_bits_to_float(v.bits); }
 
+// Compressed document storage (docs/design.md, "Compressed documents"): int8 values and
+// float8 e4m3fn values, each token scaled by its own float32 factor. Both widen exactly.
+struct Float8E4M3 {
+  uint8_t bits;
+};
+
+// e4m3fn: 4 exponent bits (bias 7), 3 mantissa bits, no infinities, S.1111.111 is NaN.
+inline float e4m3_bits_to_float(uint8_t b) {
+  const uint32_t sign = uint32_t(b & 0x80u) << 24, e = (b >> 3) & 15u, m = b & 7u;
+  if (e == 15u && m == 7u) return bits_to_float(sign | 0x7fc00000u);
+  if (e == 0u) return bits_to_float(sign | float_to_bits(float(m) * 0.001953125f));  // m * 2^-9
+  return bits_to_float(sign | ((e + 120u) << 23) | (m << 20));
+}
+
+inline float to_float(int8_t v) { return float(v); }
+inline float to_float(Float8E4M3 v) { return e4m3_bits_to_float(v.bits); }
+
 template <class T> inline T from_float(float v);
 template <> inline float from_float<float>(float v) { return v; }
 template <> inline Half from_float<Half>(float v) { return Half{float_to_half_bits(v)}; }
@@ -82,6 +99,18 @@ void widen(const BFloat16* src, float* dst, int64_t n);
 inline void widen(const float* src, float* dst, int64_t n) {
   if (n > 0) std::memcpy(dst, src, size_t(n) * sizeof(float));
 }
+inline void widen(const int8_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = float(src[i]);
+}
+// A 256-entry table: one load a value, exact, NaN included.
+inline void widen(const Float8E4M3* src, float* dst, int64_t n) {
+  static const auto table = [] {
+    struct Table { float v[256]; } t;
+    for (int b = 0; b < 256; ++b) t.v[b] = e4m3_bits_to_float(uint8_t(b));
+    return t;
+  }();
+  for (int64_t i = 0; i < n; ++i) dst[i] = table.v[src[i].bits];
+}
 
 // Running max over document rows, one lane per query token.
 //   qT     [dim][ldq] float32, the query transposed; columns [0, ncols) are swept,
@@ -89,6 +118,8 @@ inline void widen(const float* src, float* dst, int64_t n) {
 //   doc    nrows document rows of `dim` floats, ldd floats apart
 //   best/arg [ncols] running maximum and its document index, updated in place with
 //          document indices j0 + r (strict > keeps the lowest index; NaN wins)
+//   scale  null, or [nrows] per-row factors: each similarity of row r is multiplied by
+//          scale[r] before it meets the max (compressed documents)
 struct SweepArgs {
   const float* qT;
   int64_t ldq;
@@ -100,6 +131,7 @@ struct SweepArgs {
   int32_t j0;
   float* best;
   int32_t* arg;
+  const float* scale = nullptr;
 };
 void sweep(const SweepArgs& a);
 

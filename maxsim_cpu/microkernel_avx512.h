@@ -15,7 +15,8 @@
 
 template <int R, int NV>
 MAXSIM_INLINE void tile512(const void* qT_, int64_t ldq, int64_t ksteps, const void* doc_,
-                           int64_t ldd, int64_t nrows, int32_t j0, float* best, int32_t* arg) {
+                           int64_t ldd, int64_t nrows, int32_t j0, float* best, int32_t* arg,
+                           const float* scale) {
   // One k-step is one float32 element, or one bfloat16 pair (4 bytes either way).
   const char* qT = static_cast<const char*>(qT_);
   const char* doc = static_cast<const char*>(doc_);
@@ -55,6 +56,12 @@ MAXSIM_INLINE void tile512(const void* qT_, int64_t ldq, int64_t ksteps, const v
         }
       }
     }
+    if (scale) {
+      for (int r = 0; r < R; ++r) {
+        const __m512 x = _mm512_set1_ps(scale[std::min<int64_t>(r0 + r, nrows - 1)]);
+        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_mul_ps(acc[r][v], x);
+      }
+    }
     for (int r = 0; r < R; ++r) {
       const __m512i j = _mm512_set1_epi32(j0 + int32_t(r0 + r));
       for (int v = 0; v < NV; ++v) {
@@ -75,11 +82,12 @@ MAXSIM_INLINE void tile512(const void* qT_, int64_t ldq, int64_t ksteps, const v
 
 // Columns in chunks of 32 (16 zmm accumulators: 8 rows x 32 columns), then one of 16.
 inline void sweep512(const void* qT, int64_t ldq, int64_t ncols, int64_t ksteps, const void* doc,
-                     int64_t ldd, int64_t nrows, int32_t j0, float* best, int32_t* arg) {
+                     int64_t ldd, int64_t nrows, int32_t j0, float* best, int32_t* arg,
+                     const float* scale = nullptr) {
   const char* q = static_cast<const char*>(qT);
   int64_t c = 0;
   for (; c + 32 <= ncols; c += 32)
-    tile512<8, 2>(q + 4 * c, ldq, ksteps, doc, ldd, nrows, j0, best + c, arg + c);
+    tile512<8, 2>(q + 4 * c, ldq, ksteps, doc, ldd, nrows, j0, best + c, arg + c, scale);
   for (; c < ncols; c += 16)
-    tile512<8, 1>(q + 4 * c, ldq, ksteps, doc, ldd, nrows, j0, best + c, arg + c);
+    tile512<8, 1>(q + 4 * c, ldq, ksteps, doc, ldd, nrows, j0, best + c, arg + c, scale);
 }

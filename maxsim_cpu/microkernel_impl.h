@@ -28,7 +28,7 @@ template <class V> MAXSIM_INLINE void store(void* p, V v) { __builtin_memcpy(p, 
 template <int W, int R, int NV>
 MAXSIM_INLINE void sweep_tile(const float* qT, int64_t ldq, int64_t dim, const float* doc,
                               int64_t ldd, int64_t nrows, int32_t j0, float* best,
-                              int32_t* arg) {
+                              int32_t* arg, const float* scale) {
   using F = typename Vec<W>::F;
   using I = typename Vec<W>::I;
   F bv[NV];
@@ -56,6 +56,12 @@ MAXSIM_INLINE void sweep_tile(const float* qT, int64_t ldq, int64_t dim, const f
         for (int v = 0; v < NV; ++v) acc[r][v] += qv[v] * x;
       }
     }
+    if (scale) {
+      for (int r = 0; r < R; ++r) {
+        const float x = scale[std::min<int64_t>(r0 + r, nrows - 1)];
+        for (int v = 0; v < NV; ++v) acc[r][v] *= x;
+      }
+    }
     for (int r = 0; r < R; ++r) {
       const I j = I{} + int32_t(j0 + r0 + r);
       for (int v = 0; v < NV; ++v) {
@@ -78,7 +84,7 @@ void sweep_entry(const SweepArgs& a) {
   static_assert(kColumnQuantum % (kNV * kW) == 0, "a tile must divide the column padding");
   for (; c < a.ncols; c += kNV * kW)
     sweep_tile<kW, kR, kNV>(a.qT + c, a.ldq, a.dim, a.doc, a.ldd, a.nrows, a.j0, a.best + c,
-                            a.arg + c);
+                            a.arg + c, a.scale);
 }
 
 template <class S, float (*Conv)(uint16_t)>

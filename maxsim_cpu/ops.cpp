@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <string>
+
 #include "maxsim_cpu/kernels.h"
 #include "torch-ext/torch_binding.h"
 
@@ -18,13 +20,35 @@ struct AtParallelFor {
   }
 };
 
+bool is_compressed(at::ScalarType s) { return s == at::kChar || s == at::kFloat8_e4m3fn; }
+
 void check_data(const at::Tensor& t, const char* name, int64_t dim) {
   TORCH_CHECK(t.device().is_cpu(), "maxsim_cpu: ", name, " must be a CPU tensor");
   TORCH_CHECK(t.is_contiguous(), "maxsim_cpu: ", name, " must be contiguous");
   TORCH_CHECK(t.dim() == dim, "maxsim_cpu: ", name, " must have ", dim, " dimensions");
   const auto s = t.scalar_type();
-  TORCH_CHECK(s == at::kFloat || s == at::kHalf || s == at::kBFloat16 || s == at::kDouble,
+  TORCH_CHECK(s == at::kFloat || s == at::kHalf || s == at::kBFloat16 || s == at::kDouble ||
+                  (is_compressed(s) && std::string(name) == "documents"),
               "maxsim_cpu: ", name, " must be float32, float16, bfloat16 or float64");
+}
+
+// Per-row float32 scales of compressed documents (int8 / float8 e4m3fn); null for float
+// documents. The kernels index them by document row, so their count must be the rows'.
+const float* document_scales_of(const at::Tensor& queries, const at::Tensor& documents,
+                                const std::optional<at::Tensor>& scales) {
+  const bool compressed = is_compressed(documents.scalar_type());
+  TORCH_CHECK(compressed == scales.has_value(),
+              compressed ? "maxsim_cpu: int8 / float8 documents need document_scales"
+                         : "maxsim_cpu: document_scales given with float documents");
+  if (!compressed) return nullptr;
+  TORCH_CHECK(queries.scalar_type() != at::kDouble,
+              "maxsim_cpu: compressed documents pair with float16, bfloat16 or float32 queries");
+  const at::Tensor& sc = *scales;
+  const int64_t rows = documents.size(-1) > 0 ? documents.numel() / documents.size(-1) : 0;
+  TORCH_CHECK(sc.device().is_cpu() && sc.is_contiguous() && sc.scalar_type() == at::kFloat &&
+                  sc.numel() == rows,
+              "maxsim_cpu: document_scales must be contiguous float32 CPU with one entry per document row");
+  return sc.data_ptr<float>();
 }
 
 IndexView index_view(const at::Tensor& t, const char* name, int64_t numel) {
@@ -38,7 +62,8 @@ IndexView index_view(const at::Tensor& t, const char* name, int64_t numel) {
 }
 
 void check_pair(const at::Tensor& q, const at::Tensor& d) {
-  TORCH_CHECK(q.scalar_type() == d.scalar_type(), "maxsim_cpu: queries and documents dtypes differ");
+  TORCH_CHECK(q.scalar_type() == d.scalar_type() || is_compressed(d.scalar_type()),
+              "maxsim_cpu: queries and documents dtypes differ");
   TORCH_CHECK(q.size(-1) == d.size(-1), "maxsim_cpu: queries and documents embedding dims differ");
 }
 
@@ -63,10 +88,25 @@ template <class T> const T* ptr(const at::Tensor& t) {
 }
 template <class T> T* mut_ptr(at::Tensor& t) { return reinterpret_cast<T*>(t.data_ptr()); }
 
+// Calls fn(T{}, DT{}) with the query storage type and the document storage type.
+template <class Fn> void dispatch_pair(const at::Tensor& queries, const at::Tensor& documents, Fn&& fn) {
+  dispatch(queries.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    switch (documents.scalar_type()) {
+      case at::kChar: if constexpr (!std::is_same_v<T, double>) fn(tag, int8_t{}); break;
+      case at::kFloat8_e4m3fn: if constexpr (!std::is_same_v<T, double>) fn(tag, Float8E4M3{}); break;
+      default: fn(tag, tag);
+    }
+  });
+}
+
 template <class Policy>
 std::tuple<at::Tensor, at::Tensor> run_forward(const Policy& pol, const at::Tensor& queries,
-                                               const at::Tensor& documents, at::IntArrayRef score_shape,
-                                               int64_t argmax_width, bool with_argmax) {
+                                               const at::Tensor& documents,
+                                               const std::optional<at::Tensor>& document_scales,
+                                               at::IntArrayRef score_shape, int64_t argmax_width,
+                                               bool with_argmax) {
+  const float* scales = document_scales_of(queries, documents, document_scales);
   const auto i32 = queries.options().dtype(at::kInt);
   at::Tensor scores = at::empty(score_shape, queries.options().dtype(score_dtype(queries)));
   std::vector<int64_t> arg_shape(score_shape.begin(), score_shape.end());
@@ -75,14 +115,15 @@ std::tuple<at::Tensor, at::Tensor> run_forward(const Policy& pol, const at::Tens
   if (pol.num_pairs() == 0) return {scores, argmax};
   const int64_t dim = queries.size(-1);
   int32_t* a = with_argmax ? argmax.data_ptr<int32_t>() : nullptr;
-  dispatch(queries.scalar_type(), [&](auto tag) {
+  dispatch_pair(queries, documents, [&](auto tag, auto dtag) {
     using T = decltype(tag);
+    using DT = decltype(dtag);
     if constexpr (std::is_same_v<T, double>)
       forward_f64(pol, ptr<T>(queries), ptr<T>(documents), dim, scores.data_ptr<double>(), a,
                   argmax_width, AtParallelFor{});
     else
-      forward_f32<T>(pol, ptr<T>(queries), ptr<T>(documents), dim, scores.data_ptr<float>(), a,
-                     argmax_width, AtParallelFor{});
+      forward_f32<T>(pol, ptr<T>(queries), ptr<DT>(documents), scales, dim,
+                     scores.data_ptr<float>(), a, argmax_width, AtParallelFor{});
   });
   return {scores, argmax};
 }
@@ -92,7 +133,10 @@ template <class Policy, class QOwners, class DOwners>
 std::tuple<at::Tensor, at::Tensor> run_backward(const Policy& pol, const at::Tensor& grad_scores,
                                                 const at::Tensor& queries, const at::Tensor& documents,
                                                 const at::Tensor& argmax, const QOwners& qowners,
-                                                const DOwners& downers, bool need_q, bool need_d) {
+                                                const DOwners& downers, bool need_q, bool need_d,
+                                                const std::optional<at::Tensor>& document_scales) {
+  const float* scales = document_scales_of(queries, documents, document_scales);
+  TORCH_CHECK(!(need_d && scales), "maxsim_cpu: compressed documents get no gradient");
   const int64_t P = pol.num_pairs();
   TORCH_CHECK(grad_scores.device().is_cpu() && grad_scores.is_contiguous() &&
                   grad_scores.scalar_type() == score_dtype(queries) && grad_scores.numel() == P,
@@ -113,15 +157,18 @@ std::tuple<at::Tensor, at::Tensor> run_backward(const Policy& pol, const at::Ten
   if (!work) return {gq, gd};
   const int64_t dim = queries.size(-1);
   const int32_t* a = argmax.data_ptr<int32_t>();
-  dispatch(queries.scalar_type(), [&](auto tag) {
+  dispatch_pair(queries, documents, [&](auto tag, auto dtag) {
     using T = decltype(tag);
+    using DT = decltype(dtag);
     const auto* g = grad_scores.data_ptr<typename AccOf<T>::type>();
     if (need_q)
-      backward_owned<true>(pol, qowners, g, ptr<T>(queries), ptr<T>(documents), dim, a, width,
-                           mut_ptr<T>(gq), AtParallelFor{});
-    if (need_d)
-      backward_owned<false>(pol, downers, g, ptr<T>(queries), ptr<T>(documents), dim, a, width,
-                            mut_ptr<T>(gd), AtParallelFor{});
+      backward_owned<true>(pol, qowners, g, ptr<T>(queries), ptr<DT>(documents), scales, dim, a,
+                           width, mut_ptr<T>(gq), AtParallelFor{});
+    if constexpr (std::is_same_v<DT, T>) {
+      if (need_d)
+        backward_owned<false>(pol, downers, g, ptr<T>(queries), ptr<T>(documents), nullptr, dim, a,
+                              width, mut_ptr<T>(gd), AtParallelFor{});
+    }
   });
   return {gq, gd};
 }
@@ -184,72 +231,80 @@ PackedPolicy packed_policy(const at::Tensor& queries, const at::Tensor& query_of
 std::tuple<at::Tensor, at::Tensor> padded_forward(const at::Tensor& queries,
                                                   const at::Tensor& documents,
                                                   const at::Tensor& query_lengths,
-                                                  const at::Tensor& doc_lengths, bool with_argmax) {
+                                                  const at::Tensor& doc_lengths, bool with_argmax,
+                                                  const std::optional<at::Tensor>& document_scales) {
   const PaddedPolicy pol = padded_policy(queries, documents, query_lengths, doc_lengths);
-  return run_forward(pol, queries, documents, {pol.B, pol.C}, pol.Lq, with_argmax);
+  return run_forward(pol, queries, documents, document_scales, {pol.B, pol.C}, pol.Lq, with_argmax);
 }
 
 std::tuple<at::Tensor, at::Tensor> contrastive_forward(
     const at::Tensor& queries, const at::Tensor& documents, const at::Tensor& document_offsets,
-    const std::optional<at::Tensor>& query_lengths, bool with_argmax) {
+    const std::optional<at::Tensor>& query_lengths, bool with_argmax,
+    const std::optional<at::Tensor>& document_scales) {
   const ContrastivePolicy pol = contrastive_policy(queries, documents, document_offsets, query_lengths);
-  return run_forward(pol, queries, documents, {pol.Nq, pol.Nb}, pol.Lq, with_argmax);
+  return run_forward(pol, queries, documents, document_scales, {pol.Nq, pol.Nb}, pol.Lq, with_argmax);
 }
 
 std::tuple<at::Tensor, at::Tensor> contrastive_padded_forward(
     const at::Tensor& queries, const at::Tensor& documents, const at::Tensor& document_lengths,
-    const std::optional<at::Tensor>& query_lengths, bool with_argmax) {
+    const std::optional<at::Tensor>& query_lengths, bool with_argmax,
+    const std::optional<at::Tensor>& document_scales) {
   const ContrastivePaddedPolicy pol =
       contrastive_padded_policy(queries, documents, document_lengths, query_lengths);
-  return run_forward(pol, queries, documents, {pol.Nq, pol.Nb}, pol.Lq, with_argmax);
+  return run_forward(pol, queries, documents, document_scales, {pol.Nq, pol.Nb}, pol.Lq, with_argmax);
 }
 
 std::tuple<at::Tensor, at::Tensor> packed_forward(
     const at::Tensor& queries, const at::Tensor& query_offsets, const at::Tensor& documents,
     const at::Tensor& document_offsets, const at::Tensor& pair_query_ids,
-    const at::Tensor& pair_document_ids, int64_t max_q_len, bool with_argmax) {
+    const at::Tensor& pair_document_ids, int64_t max_q_len, bool with_argmax,
+    const std::optional<at::Tensor>& document_scales) {
   const PackedPolicy pol = packed_policy(queries, query_offsets, documents, document_offsets,
                                          pair_query_ids, pair_document_ids);
   TORCH_CHECK(max_q_len >= 0, "maxsim_cpu: max_q_len must be >= 0");
-  return run_forward(pol, queries, documents, {pol.num_pairs()}, max_q_len, with_argmax);
+  return run_forward(pol, queries, documents, document_scales, {pol.num_pairs()}, max_q_len,
+                     with_argmax);
 }
 
 std::tuple<at::Tensor, at::Tensor> padded_backward(
     const at::Tensor& grad_scores, const at::Tensor& queries, const at::Tensor& documents,
     const at::Tensor& query_lengths, const at::Tensor& doc_lengths, const at::Tensor& argmax,
-    bool need_grad_queries, bool need_grad_documents) {
+    bool need_grad_queries, bool need_grad_documents,
+    const std::optional<at::Tensor>& document_scales) {
   const PaddedPolicy pol = padded_policy(queries, documents, query_lengths, doc_lengths);
   // Query b owns pairs b*C + c; document (b, c) owns its single pair.
   const StridedOwners qo{pol.B, pol.Lq, pol.C, pol.C, 1};
   const StridedOwners dow{pol.B * pol.C, pol.Ld, 1, 1, 0};
   return run_backward(pol, grad_scores, queries, documents, argmax, qo, dow, need_grad_queries,
-                      need_grad_documents);
+                      need_grad_documents, document_scales);
 }
 
 std::tuple<at::Tensor, at::Tensor> contrastive_backward(
     const at::Tensor& grad_scores, const at::Tensor& queries, const at::Tensor& documents,
     const at::Tensor& document_offsets, const std::optional<at::Tensor>& query_lengths,
-    const at::Tensor& argmax, bool need_grad_queries, bool need_grad_documents) {
+    const at::Tensor& argmax, bool need_grad_queries, bool need_grad_documents,
+    const std::optional<at::Tensor>& document_scales) {
   const ContrastivePolicy pol = contrastive_policy(queries, documents, document_offsets, query_lengths);
   // Query q owns pairs q*Nb + n; document n owns pairs q*Nb + n over q.
   const StridedOwners qo{pol.Nq, pol.Lq, pol.Nb, pol.Nb, 1};
   const IndexView& offsets = pol.documents.offsets;
   const OffsetOwnersStrided dow{offsets, pol.documents.T, pol.Nq, pol.Nb, offsets_monotone(offsets)};
   return run_backward(pol, grad_scores, queries, documents, argmax, qo, dow, need_grad_queries,
-                      need_grad_documents);
+                      need_grad_documents, document_scales);
 }
 
 std::tuple<at::Tensor, at::Tensor> contrastive_padded_backward(
     const at::Tensor& grad_scores, const at::Tensor& queries, const at::Tensor& documents,
     const at::Tensor& document_lengths, const std::optional<at::Tensor>& query_lengths,
-    const at::Tensor& argmax, bool need_grad_queries, bool need_grad_documents) {
+    const at::Tensor& argmax, bool need_grad_queries, bool need_grad_documents,
+    const std::optional<at::Tensor>& document_scales) {
   const ContrastivePaddedPolicy pol =
       contrastive_padded_policy(queries, documents, document_lengths, query_lengths);
   // Query q owns pairs q*Nb + n; document n owns rows [n*Ld, (n+1)*Ld) and pairs q*Nb + n.
   const StridedOwners qo{pol.Nq, pol.Lq, pol.Nb, pol.Nb, 1};
   const StridedOwners dow{pol.Nb, pol.documents.Ld, pol.Nq, 1, pol.Nb};
   return run_backward(pol, grad_scores, queries, documents, argmax, qo, dow, need_grad_queries,
-                      need_grad_documents);
+                      need_grad_documents, document_scales);
 }
 
 std::tuple<at::Tensor, at::Tensor> packed_backward(
@@ -258,7 +313,8 @@ std::tuple<at::Tensor, at::Tensor> packed_backward(
     const at::Tensor& pair_query_ids, const at::Tensor& pair_document_ids, const at::Tensor& argmax,
     const at::Tensor& pairs_by_query, const at::Tensor& query_pair_offsets,
     const at::Tensor& pairs_by_document, const at::Tensor& document_pair_offsets,
-    bool need_grad_queries, bool need_grad_documents) {
+    bool need_grad_queries, bool need_grad_documents,
+    const std::optional<at::Tensor>& document_scales) {
   const PackedPolicy pol = packed_policy(queries, query_offsets, documents, document_offsets,
                                          pair_query_ids, pair_document_ids);
   const int64_t P = pol.num_pairs();
@@ -272,7 +328,7 @@ std::tuple<at::Tensor, at::Tensor> packed_backward(
                                     pol.document_offsets.size),
                          pol.pair_document_ids, offsets_monotone(pol.document_offsets)};
   return run_backward(pol, grad_scores, queries, documents, argmax, qo, dow, need_grad_queries,
-                      need_grad_documents);
+                      need_grad_documents, document_scales);
 }
 
 }  // namespace maxsim_cpu

@@ -237,7 +237,9 @@ Params with_problem(const Problem& problem) {
 
 std::tuple<at::Tensor, at::Tensor> padded_forward(const at::Tensor& queries, const at::Tensor& documents,
                                                   const at::Tensor& query_lengths, const at::Tensor& doc_lengths,
-                                                  bool with_argmax) {
+                                                  bool with_argmax,
+    const std::optional<at::Tensor>& document_scales) {
+  TORCH_CHECK(!document_scales.has_value(), "maxsim: compressed documents are not supported on this backend yet");
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<ForwardParams>(padded_problem(queries, documents, query_lengths, doc_lengths));
   p.rerank_variant = rerank_variant();
@@ -247,7 +249,9 @@ std::tuple<at::Tensor, at::Tensor> padded_forward(const at::Tensor& queries, con
 std::tuple<at::Tensor, at::Tensor> contrastive_forward(const at::Tensor& queries, const at::Tensor& documents,
                                                        const at::Tensor& document_offsets,
                                                        const std::optional<at::Tensor>& query_lengths,
-                                                       bool with_argmax) {
+                                                       bool with_argmax,
+    const std::optional<at::Tensor>& document_scales) {
+  TORCH_CHECK(!document_scales.has_value(), "maxsim: compressed documents are not supported on this backend yet");
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<ForwardParams>(contrastive_problem(queries, documents, document_offsets, query_lengths));
   p.variant = contrastive_variant();
@@ -258,7 +262,9 @@ std::tuple<at::Tensor, at::Tensor> contrastive_padded_forward(const at::Tensor& 
                                                               const at::Tensor& documents,
                                                               const at::Tensor& document_lengths,
                                                               const std::optional<at::Tensor>& query_lengths,
-                                                              bool with_argmax) {
+                                                              bool with_argmax,
+    const std::optional<at::Tensor>& document_scales) {
+  TORCH_CHECK(!document_scales.has_value(), "maxsim: compressed documents are not supported on this backend yet");
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<ForwardParams>(
       contrastive_padded_problem(queries, documents, document_lengths, query_lengths));
@@ -270,7 +276,9 @@ std::tuple<at::Tensor, at::Tensor> packed_forward(const at::Tensor& queries, con
                                                   const at::Tensor& documents, const at::Tensor& document_offsets,
                                                   const at::Tensor& pair_query_ids,
                                                   const at::Tensor& pair_document_ids, int64_t max_q_len,
-                                                  bool with_argmax) {
+                                                  bool with_argmax,
+    const std::optional<at::Tensor>& document_scales) {
+  TORCH_CHECK(!document_scales.has_value(), "maxsim: compressed documents are not supported on this backend yet");
   TORCH_CHECK(max_q_len >= 0, "maxsim: max_q_len must be >= 0");
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<ForwardParams>(
@@ -286,7 +294,9 @@ std::tuple<at::Tensor, at::Tensor> packed_forward(const at::Tensor& queries, con
 std::tuple<at::Tensor, at::Tensor> padded_backward(const at::Tensor& grad_scores, const at::Tensor& queries,
                                                    const at::Tensor& documents, const at::Tensor& query_lengths,
                                                    const at::Tensor& doc_lengths, const at::Tensor& argmax,
-                                                   bool need_grad_queries, bool need_grad_documents) {
+                                                   bool need_grad_queries, bool need_grad_documents,
+    const std::optional<at::Tensor>& document_scales) {
+  TORCH_CHECK(!document_scales.has_value(), "maxsim: compressed documents are not supported on this backend yet");
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<BackwardParams>(padded_problem(queries, documents, query_lengths, doc_lengths));
   return run_backward(p, grad_scores, queries, documents, argmax, p.lq, need_grad_queries, need_grad_documents,
@@ -298,7 +308,9 @@ std::tuple<at::Tensor, at::Tensor> contrastive_backward(const at::Tensor& grad_s
                                                         const at::Tensor& document_offsets,
                                                         const std::optional<at::Tensor>& query_lengths,
                                                         const at::Tensor& argmax, bool need_grad_queries,
-                                                        bool need_grad_documents) {
+                                                        bool need_grad_documents,
+    const std::optional<at::Tensor>& document_scales) {
+  TORCH_CHECK(!document_scales.has_value(), "maxsim: compressed documents are not supported on this backend yet");
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<BackwardParams>(contrastive_problem(queries, documents, document_offsets, query_lengths));
   return run_backward(p, grad_scores, queries, documents, argmax, p.lq, need_grad_queries, need_grad_documents,
@@ -309,7 +321,9 @@ std::tuple<at::Tensor, at::Tensor> contrastive_backward(const at::Tensor& grad_s
 std::tuple<at::Tensor, at::Tensor> contrastive_padded_backward(
     const at::Tensor& grad_scores, const at::Tensor& queries, const at::Tensor& documents,
     const at::Tensor& document_lengths, const std::optional<at::Tensor>& query_lengths,
-    const at::Tensor& argmax, bool need_grad_queries, bool need_grad_documents) {
+    const at::Tensor& argmax, bool need_grad_queries, bool need_grad_documents,
+    const std::optional<at::Tensor>& document_scales) {
+  TORCH_CHECK(!document_scales.has_value(), "maxsim: compressed documents are not supported on this backend yet");
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<BackwardParams>(
       contrastive_padded_problem(queries, documents, document_lengths, query_lengths));
@@ -322,7 +336,9 @@ std::tuple<at::Tensor, at::Tensor> packed_backward(
     const at::Tensor& documents, const at::Tensor& document_offsets, const at::Tensor& pair_query_ids,
     const at::Tensor& pair_document_ids, const at::Tensor& argmax, const at::Tensor& pairs_by_query,
     const at::Tensor& query_pair_offsets, const at::Tensor& pairs_by_document,
-    const at::Tensor& document_pair_offsets, bool need_grad_queries, bool need_grad_documents) {
+    const at::Tensor& document_pair_offsets, bool need_grad_queries, bool need_grad_documents,
+    const std::optional<at::Tensor>& document_scales) {
+  TORCH_CHECK(!document_scales.has_value(), "maxsim: compressed documents are not supported on this backend yet");
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<BackwardParams>(
       packed_problem(queries, query_offsets, documents, document_offsets, pair_query_ids, pair_document_ids));

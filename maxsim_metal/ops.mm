@@ -155,7 +155,9 @@ at::Tensor none_like(const at::Tensor& t) { return at::empty({0}, t.options()); 
 
 std::tuple<at::Tensor, at::Tensor> padded_forward(const at::Tensor& queries, const at::Tensor& documents,
                                                   const at::Tensor& query_lengths,
-                                                  const at::Tensor& doc_lengths, bool with_argmax) {
+                                                  const at::Tensor& doc_lengths, bool with_argmax,
+    const std::optional<at::Tensor>& document_scales) {
+  TORCH_CHECK(!document_scales.has_value(), "maxsim_metal: compressed documents are not supported on this backend yet");
   const MaxsimParams p = padded_params(queries.size(0), documents.size(1), queries.size(1), documents.size(2),
                                        queries.size(2), index_arg(query_lengths), index_arg(doc_lengths),
                                        with_argmax);
@@ -166,7 +168,9 @@ std::tuple<at::Tensor, at::Tensor> padded_forward(const at::Tensor& queries, con
 std::tuple<at::Tensor, at::Tensor> contrastive_forward(const at::Tensor& queries, const at::Tensor& documents,
                                                        const at::Tensor& document_offsets,
                                                        const std::optional<at::Tensor>& query_lengths,
-                                                       bool with_argmax) {
+                                                       bool with_argmax,
+    const std::optional<at::Tensor>& document_scales) {
+  TORCH_CHECK(!document_scales.has_value(), "maxsim_metal: compressed documents are not supported on this backend yet");
   const MaxsimParams p = contrastive_params(queries.size(0), queries.size(1), documents.size(0), queries.size(2),
                                             index_arg(document_offsets), index_arg(query_lengths), with_argmax);
   return forward(kMaxsimContrastive, p, queries, documents, &document_offsets,
@@ -177,7 +181,9 @@ std::tuple<at::Tensor, at::Tensor> contrastive_padded_forward(const at::Tensor& 
                                                               const at::Tensor& documents,
                                                               const at::Tensor& document_lengths,
                                                               const std::optional<at::Tensor>& query_lengths,
-                                                              bool with_argmax) {
+                                                              bool with_argmax,
+    const std::optional<at::Tensor>& document_scales) {
+  TORCH_CHECK(!document_scales.has_value(), "maxsim_metal: compressed documents are not supported on this backend yet");
   const MaxsimParams p = contrastive_padded_params(queries.size(0), queries.size(1), documents.size(0),
                                                    documents.size(1), queries.size(2), index_arg(document_lengths),
                                                    index_arg(query_lengths), with_argmax);
@@ -189,7 +195,9 @@ std::tuple<at::Tensor, at::Tensor> packed_forward(const at::Tensor& queries, con
                                                   const at::Tensor& documents, const at::Tensor& document_offsets,
                                                   const at::Tensor& pair_query_ids,
                                                   const at::Tensor& pair_document_ids, int64_t max_q_len,
-                                                  bool with_argmax) {
+                                                  bool with_argmax,
+    const std::optional<at::Tensor>& document_scales) {
+  TORCH_CHECK(!document_scales.has_value(), "maxsim_metal: compressed documents are not supported on this backend yet");
   const MaxsimParams p = packed_params(queries.size(0), documents.size(0), queries.size(1),
                                        index_arg(query_offsets), index_arg(document_offsets),
                                        index_arg(pair_query_ids), index_arg(pair_document_ids), max_q_len,
@@ -201,7 +209,9 @@ std::tuple<at::Tensor, at::Tensor> packed_forward(const at::Tensor& queries, con
 std::tuple<at::Tensor, at::Tensor> padded_backward(const at::Tensor& grad_scores, const at::Tensor& queries,
                                                    const at::Tensor& documents, const at::Tensor& query_lengths,
                                                    const at::Tensor& doc_lengths, const at::Tensor& argmax,
-                                                   bool need_grad_queries, bool need_grad_documents) {
+                                                   bool need_grad_queries, bool need_grad_documents,
+    const std::optional<at::Tensor>& document_scales) {
+  TORCH_CHECK(!document_scales.has_value(), "maxsim_metal: compressed documents are not supported on this backend yet");
   const MaxsimParams p = padded_params(queries.size(0), documents.size(1), queries.size(1), documents.size(2),
                                        queries.size(2), index_arg(query_lengths), index_arg(doc_lengths), true);
   auto grad = [&](bool to_query) {
@@ -217,7 +227,9 @@ std::tuple<at::Tensor, at::Tensor> contrastive_backward(const at::Tensor& grad_s
                                                         const at::Tensor& document_offsets,
                                                         const std::optional<at::Tensor>& query_lengths,
                                                         const at::Tensor& argmax, bool need_grad_queries,
-                                                        bool need_grad_documents) {
+                                                        bool need_grad_documents,
+    const std::optional<at::Tensor>& document_scales) {
+  TORCH_CHECK(!document_scales.has_value(), "maxsim_metal: compressed documents are not supported on this backend yet");
   const MaxsimParams p = contrastive_params(queries.size(0), queries.size(1), documents.size(0), queries.size(2),
                                             index_arg(document_offsets), index_arg(query_lengths), true);
   auto grad = [&](bool to_query) {
@@ -234,7 +246,9 @@ std::tuple<at::Tensor, at::Tensor> contrastive_padded_backward(const at::Tensor&
                                                                const at::Tensor& document_lengths,
                                                                const std::optional<at::Tensor>& query_lengths,
                                                                const at::Tensor& argmax, bool need_grad_queries,
-                                                               bool need_grad_documents) {
+                                                               bool need_grad_documents,
+    const std::optional<at::Tensor>& document_scales) {
+  TORCH_CHECK(!document_scales.has_value(), "maxsim_metal: compressed documents are not supported on this backend yet");
   const MaxsimParams p = contrastive_padded_params(queries.size(0), queries.size(1), documents.size(0),
                                                    documents.size(1), queries.size(2), index_arg(document_lengths),
                                                    index_arg(query_lengths), true);
@@ -252,7 +266,9 @@ std::tuple<at::Tensor, at::Tensor> packed_backward(
     const at::Tensor& documents, const at::Tensor& document_offsets, const at::Tensor& pair_query_ids,
     const at::Tensor& pair_document_ids, const at::Tensor& argmax, const at::Tensor& pairs_by_query,
     const at::Tensor& query_pair_offsets, const at::Tensor& pairs_by_document,
-    const at::Tensor& document_pair_offsets, bool need_grad_queries, bool need_grad_documents) {
+    const at::Tensor& document_pair_offsets, bool need_grad_queries, bool need_grad_documents,
+    const std::optional<at::Tensor>& document_scales) {
+  TORCH_CHECK(!document_scales.has_value(), "maxsim_metal: compressed documents are not supported on this backend yet");
   const MaxsimParams p = packed_params(queries.size(0), documents.size(0), queries.size(1),
                                        index_arg(query_offsets), index_arg(document_offsets),
                                        index_arg(pair_query_ids), index_arg(pair_document_ids), argmax.size(-1),

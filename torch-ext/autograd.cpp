@@ -36,17 +36,19 @@ c10::TypedOperatorHandle<Signature> op_handle(const char* name) {
       .typed<Signature>();
 }
 
-using PaddedFwd = Pair(const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool);
+using Scales = std::optional<Tensor>;
+using PaddedFwd = Pair(const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, const Scales&);
 using PaddedBwd = Pair(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                       bool, bool);
-using ContrastiveFwd = Pair(const Tensor&, const Tensor&, const Tensor&, const std::optional<Tensor>&, bool);
+                       bool, bool, const Scales&);
+using ContrastiveFwd = Pair(const Tensor&, const Tensor&, const Tensor&, const std::optional<Tensor>&, bool,
+                            const Scales&);
 using ContrastiveBwd = Pair(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const std::optional<Tensor>&,
-                            const Tensor&, bool, bool);
+                            const Tensor&, bool, bool, const Scales&);
 using PackedFwd = Pair(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                       int64_t, bool);
+                       int64_t, bool, const Scales&);
 using PackedBwd = Pair(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                        const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool,
-                       bool);
+                       bool, const Scales&);
 
 // The inference entry points ask for no argmax, so there is nothing to differentiate with.
 void require_argmax(AutogradContext* ctx) {
@@ -62,6 +64,15 @@ void remember(AutogradContext* ctx, bool with_argmax, const Tensor& argmax) {
   ctx->set_materialize_grads(false);  // an unused score gets no gradient buffer
 }
 
+// Compressed documents (int8 / float8 with per-token scales) are frozen storage: scores
+// differentiate to the queries only.
+void refuse_compressed_grad(bool need_d, const Tensor& scales) {
+  TORCH_CHECK_VALUE(!(need_d && scales.defined()),
+                    "maxsim: documents stored as int8 / float8 (document_scales given) are frozen; "
+                    "no gradient flows to them. Detach them, or train on float documents");
+}
+Scales optional(const Tensor& t) { return t.defined() ? Scales(t) : std::nullopt; }
+
 // (gq, gd) -> one gradient per forward input: queries at qi, documents at di.
 variable_list input_grads(size_t n, size_t qi, size_t di, const Pair& g, bool need_q, bool need_d) {
   variable_list out(n);
@@ -72,22 +83,25 @@ variable_list input_grads(size_t n, size_t qi, size_t di, const Pair& g, bool ne
 
 struct PaddedFn : torch::autograd::Function<PaddedFn> {
   static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& d, const Tensor& ql,
-                               const Tensor& dl, bool with_argmax) {
+                               const Tensor& dl, bool with_argmax, const Scales& ds) {
     at::AutoDispatchBelowADInplaceOrView below;
     static const auto op = op_handle<PaddedFwd>("padded_forward");
-    auto [scores, argmax] = op.call(q, d, ql, dl, with_argmax);
+    auto [scores, argmax] = op.call(q, d, ql, dl, with_argmax, ds);
     remember(ctx, with_argmax, argmax);
-    ctx->save_for_backward({q, d, ql, dl, argmax});
+    ctx->save_for_backward({q, d, ql, dl, argmax, ds.value_or(Tensor())});
     return {scores, argmax};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     require_argmax(ctx);
-    if (!grads[0].defined()) return variable_list(5);
+    if (!grads[0].defined()) return variable_list(6);
     at::AutoDispatchBelowADInplaceOrView below;
     static const auto op = op_handle<PaddedBwd>("padded_backward");
     const auto s = ctx->get_saved_variables();
     const bool nq = ctx->needs_input_grad(0), nd = ctx->needs_input_grad(1);
-    return input_grads(5, 0, 1, op.call(grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4], nq, nd), nq, nd);
+    refuse_compressed_grad(nd, s[5]);
+    return input_grads(6, 0, 1,
+                       op.call(grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4], nq, nd, optional(s[5])), nq,
+                       nd);
   }
 };
 
@@ -96,23 +110,25 @@ struct PaddedFn : torch::autograd::Function<PaddedFn> {
 template <class Ops>
 struct ContrastiveFn : torch::autograd::Function<ContrastiveFn<Ops>> {
   static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& d, const Tensor& segments,
-                               const std::optional<Tensor>& ql, bool with_argmax) {
+                               const std::optional<Tensor>& ql, bool with_argmax, const Scales& ds) {
     at::AutoDispatchBelowADInplaceOrView below;
     static const auto op = op_handle<ContrastiveFwd>(Ops::kForward);
-    auto [scores, argmax] = op.call(q, d, segments, ql, with_argmax);
+    auto [scores, argmax] = op.call(q, d, segments, ql, with_argmax, ds);
     remember(ctx, with_argmax, argmax);
-    ctx->save_for_backward({q, d, segments, argmax, ql.value_or(Tensor())});
+    ctx->save_for_backward({q, d, segments, argmax, ql.value_or(Tensor()), ds.value_or(Tensor())});
     return {scores, argmax};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     require_argmax(ctx);
-    if (!grads[0].defined()) return variable_list(5);
+    if (!grads[0].defined()) return variable_list(6);
     at::AutoDispatchBelowADInplaceOrView below;
     static const auto op = op_handle<ContrastiveBwd>(Ops::kBackward);
     const auto s = ctx->get_saved_variables();
-    const std::optional<Tensor> ql = s[4].defined() ? std::optional<Tensor>(s[4]) : std::nullopt;
     const bool nq = ctx->needs_input_grad(0), nd = ctx->needs_input_grad(1);
-    return input_grads(5, 0, 1, op.call(grads[0].contiguous(), s[0], s[1], s[2], ql, s[3], nq, nd), nq, nd);
+    refuse_compressed_grad(nd, s[5]);
+    return input_grads(
+        6, 0, 1, op.call(grads[0].contiguous(), s[0], s[1], s[2], optional(s[4]), s[3], nq, nd, optional(s[5])),
+        nq, nd);
   }
 };
 
@@ -135,46 +151,48 @@ Pair group_by(const Tensor& ids, int64_t count) {
 struct PackedFn : torch::autograd::Function<PackedFn> {
   static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& q_offsets, const Tensor& d,
                                const Tensor& d_offsets, const Tensor& pq, const Tensor& pd, int64_t max_q_len,
-                               bool with_argmax) {
+                               bool with_argmax, const Scales& ds) {
     at::AutoDispatchBelowADInplaceOrView below;
     static const auto op = op_handle<PackedFwd>("packed_forward");
-    auto [scores, argmax] = op.call(q, q_offsets, d, d_offsets, pq, pd, max_q_len, with_argmax);
+    auto [scores, argmax] = op.call(q, q_offsets, d, d_offsets, pq, pd, max_q_len, with_argmax, ds);
     remember(ctx, with_argmax, argmax);
-    ctx->save_for_backward({q, q_offsets, d, d_offsets, pq, pd, argmax});
+    ctx->save_for_backward({q, q_offsets, d, d_offsets, pq, pd, argmax, ds.value_or(Tensor())});
     return {scores, argmax};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     require_argmax(ctx);
-    if (!grads[0].defined()) return variable_list(8);
+    if (!grads[0].defined()) return variable_list(9);
     at::AutoDispatchBelowADInplaceOrView below;
     static const auto op = op_handle<PackedBwd>("packed_backward");
     const auto s = ctx->get_saved_variables();
     const auto [by_query, query_ptr] = group_by(s[4], s[1].size(0) - 1);
     const auto [by_doc, doc_ptr] = group_by(s[5], s[3].size(0) - 1);
     const bool nq = ctx->needs_input_grad(0), nd = ctx->needs_input_grad(2);
-    return input_grads(8, 0, 2,
+    refuse_compressed_grad(nd, s[7]);
+    return input_grads(9, 0, 2,
                        op.call(grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4], s[5], s[6], by_query, query_ptr,
-                               by_doc, doc_ptr, nq, nd),
+                               by_doc, doc_ptr, nq, nd, optional(s[7])),
                        nq, nd);
   }
 };
 
 Pair as_pair(const variable_list& v) { return {v[0], v[1]}; }
 
-Pair padded_forward(const Tensor& q, const Tensor& d, const Tensor& ql, const Tensor& dl, bool with_argmax) {
-  return as_pair(PaddedFn::apply(q, d, ql, dl, with_argmax));
+Pair padded_forward(const Tensor& q, const Tensor& d, const Tensor& ql, const Tensor& dl, bool with_argmax,
+                    const Scales& ds) {
+  return as_pair(PaddedFn::apply(q, d, ql, dl, with_argmax, ds));
 }
 Pair contrastive_forward(const Tensor& q, const Tensor& d, const Tensor& offsets, const std::optional<Tensor>& ql,
-                         bool with_argmax) {
-  return as_pair(ContrastiveFn<OffsetDocumentOps>::apply(q, d, offsets, ql, with_argmax));
+                         bool with_argmax, const Scales& ds) {
+  return as_pair(ContrastiveFn<OffsetDocumentOps>::apply(q, d, offsets, ql, with_argmax, ds));
 }
 Pair contrastive_padded_forward(const Tensor& q, const Tensor& d, const Tensor& lengths,
-                                const std::optional<Tensor>& ql, bool with_argmax) {
-  return as_pair(ContrastiveFn<PaddedDocumentOps>::apply(q, d, lengths, ql, with_argmax));
+                                const std::optional<Tensor>& ql, bool with_argmax, const Scales& ds) {
+  return as_pair(ContrastiveFn<PaddedDocumentOps>::apply(q, d, lengths, ql, with_argmax, ds));
 }
 Pair packed_forward(const Tensor& q, const Tensor& q_offsets, const Tensor& d, const Tensor& d_offsets,
-                    const Tensor& pq, const Tensor& pd, int64_t max_q_len, bool with_argmax) {
-  return as_pair(PackedFn::apply(q, q_offsets, d, d_offsets, pq, pd, max_q_len, with_argmax));
+                    const Tensor& pq, const Tensor& pd, int64_t max_q_len, bool with_argmax, const Scales& ds) {
+  return as_pair(PackedFn::apply(q, q_offsets, d, d_offsets, pq, pd, max_q_len, with_argmax, ds));
 }
 
 }  // namespace

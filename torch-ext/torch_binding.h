@@ -10,35 +10,42 @@
   namespace ns {                                                                       \
   std::tuple<at::Tensor, at::Tensor> padded_forward(                                   \
       const at::Tensor& queries, const at::Tensor& documents,                          \
-      const at::Tensor& query_lengths, const at::Tensor& doc_lengths, bool with_argmax); \
+      const at::Tensor& query_lengths, const at::Tensor& doc_lengths, bool with_argmax,                                                              \
+      const std::optional<at::Tensor>& document_scales); \
   std::tuple<at::Tensor, at::Tensor> contrastive_forward(                              \
       const at::Tensor& queries, const at::Tensor& documents,                          \
       const at::Tensor& document_offsets,                                              \
-      const std::optional<at::Tensor>& query_lengths, bool with_argmax);               \
+      const std::optional<at::Tensor>& query_lengths, bool with_argmax,                                                              \
+      const std::optional<at::Tensor>& document_scales);               \
   std::tuple<at::Tensor, at::Tensor> contrastive_padded_forward(                       \
       const at::Tensor& queries, const at::Tensor& documents,                          \
       const at::Tensor& document_lengths,                                              \
-      const std::optional<at::Tensor>& query_lengths, bool with_argmax);               \
+      const std::optional<at::Tensor>& query_lengths, bool with_argmax,                                                              \
+      const std::optional<at::Tensor>& document_scales);               \
   std::tuple<at::Tensor, at::Tensor> packed_forward(                                   \
       const at::Tensor& queries, const at::Tensor& query_offsets,                      \
       const at::Tensor& documents, const at::Tensor& document_offsets,                 \
       const at::Tensor& pair_query_ids, const at::Tensor& pair_document_ids,           \
-      int64_t max_q_len, bool with_argmax);                                            \
+      int64_t max_q_len, bool with_argmax,                                                              \
+      const std::optional<at::Tensor>& document_scales);                                            \
   std::tuple<at::Tensor, at::Tensor> padded_backward(                                  \
       const at::Tensor& grad_scores, const at::Tensor& queries,                        \
       const at::Tensor& documents, const at::Tensor& query_lengths,                    \
       const at::Tensor& doc_lengths, const at::Tensor& argmax,                         \
-      bool need_grad_queries, bool need_grad_documents);                               \
+      bool need_grad_queries, bool need_grad_documents,                               \
+      const std::optional<at::Tensor>& document_scales);                               \
   std::tuple<at::Tensor, at::Tensor> contrastive_backward(                             \
       const at::Tensor& grad_scores, const at::Tensor& queries,                        \
       const at::Tensor& documents, const at::Tensor& document_offsets,                 \
       const std::optional<at::Tensor>& query_lengths, const at::Tensor& argmax,        \
-      bool need_grad_queries, bool need_grad_documents);                               \
+      bool need_grad_queries, bool need_grad_documents,                               \
+      const std::optional<at::Tensor>& document_scales);                               \
   std::tuple<at::Tensor, at::Tensor> contrastive_padded_backward(                      \
       const at::Tensor& grad_scores, const at::Tensor& queries,                        \
       const at::Tensor& documents, const at::Tensor& document_lengths,                 \
       const std::optional<at::Tensor>& query_lengths, const at::Tensor& argmax,        \
-      bool need_grad_queries, bool need_grad_documents);                               \
+      bool need_grad_queries, bool need_grad_documents,                               \
+      const std::optional<at::Tensor>& document_scales);                               \
   std::tuple<at::Tensor, at::Tensor> packed_backward(                                  \
       const at::Tensor& grad_scores, const at::Tensor& queries,                        \
       const at::Tensor& query_offsets, const at::Tensor& documents,                    \
@@ -46,7 +53,8 @@
       const at::Tensor& pair_document_ids, const at::Tensor& argmax,                   \
       const at::Tensor& pairs_by_query, const at::Tensor& query_pair_offsets,          \
       const at::Tensor& pairs_by_document, const at::Tensor& document_pair_offsets,    \
-      bool need_grad_queries, bool need_grad_documents);                               \
+      bool need_grad_queries, bool need_grad_documents,                               \
+      const std::optional<at::Tensor>& document_scales);                               \
   }
 
 MAXSIM_DECLARE_BACKEND(maxsim_cpu)
