@@ -2,7 +2,9 @@
 
 score(q, d) = sum_i max_j <q_i, d_j>, for padded reranking, ragged pair grids (packed)
 and in-batch contrastive scoring (documents packed, or padded with lengths), each with
-`_with_argmax` and autograd `_train` forms, plus pure-PyTorch references; helpers for
+`_with_argmax` and autograd `_train` forms, plus pure-PyTorch references; documents stored
+compressed (int8 / float8 e4m3fn with per-token scales: `quantize_documents`, then
+`document_scales=` on any entry point); helpers for
 several processes on torch.distributed (`maxsim.distributed`: gathered in-batch negatives,
 sharded top-k search); and `maxsim.compat`, drop-in adapters for PyLate and colpali-engine
 with the switches that route those libraries through maxsim (`patch_pylate`, ...).
@@ -22,6 +24,7 @@ from ._api import (
     score_pairs_packed_train,
     score_pairs_packed_with_argmax,
 )
+from ._quantize import dequantize_documents, quantize_documents
 from . import distributed
 from .distributed import gather_documents, score_contrastive_train_global, search_sharded
 from .compat import (
@@ -48,10 +51,12 @@ from ._reference import (
 
 __all__ = [
     "compat",
+    "dequantize_documents",
     "distributed",
     "gather_documents",
     "patch_colpali_engine",
     "patch_pylate",
+    "quantize_documents",
     "unpatch_colpali_engine",
     "unpatch_pylate",
     "maxsim_reference",

@@ -30,10 +30,14 @@ def _call(op, args, queries, documents):
 
 # ---- padded ------------------------------------------------------------------------------
 
-def _padded_args(queries, documents, query_lengths, doc_lengths):
+def _scales(document_scales):
+    return None if document_scales is None else document_scales.contiguous()
+
+
+def _padded_args(queries, documents, query_lengths, doc_lengths, document_scales):
     check.embeddings("queries", queries, 3, "[B, Lq, D]")
-    check.embeddings("documents", documents, 4, "[B, C, Ld, D]")
-    check.same_dtype_and_dim(queries, documents)
+    compressed = check.documents(documents, 4, "[B, C, Ld, D]", document_scales, queries)
+    check.same_dtype_and_dim(queries, documents, compressed)
     b, lq = queries.shape[0], queries.shape[1]
     if documents.shape[0] != b:
         raise ValueError(
@@ -51,34 +55,37 @@ def _padded_args(queries, documents, query_lengths, doc_lengths):
             doc_lengths.contiguous())
 
 
-def score_candidates_padded(queries, documents, query_lengths, doc_lengths):
+def score_candidates_padded(queries, documents, query_lengths, doc_lengths, *,
+                            document_scales=None):
     """MaxSim of each query against its candidates.
 
     queries [B, Lq, D], documents [B, C, Ld, D], query_lengths [B], doc_lengths [B, C]
     -> scores [B, C] float32.
     """
-    args = _padded_args(queries, documents, query_lengths, doc_lengths)
-    return _call(ops.padded_forward, (*args, False), args[0], args[1])[0]
+    args = _padded_args(queries, documents, query_lengths, doc_lengths, document_scales)
+    return _call(ops.padded_forward, (*args, False, _scales(document_scales)), args[0], args[1])[0]
 
 
-def score_candidates_padded_with_argmax(queries, documents, query_lengths, doc_lengths):
+def score_candidates_padded_with_argmax(queries, documents, query_lengths, doc_lengths, *,
+                                        document_scales=None):
     """Like score_candidates_padded, plus argmax [B, C, Lq] int32 (-1 where unmatched)."""
-    args = _padded_args(queries, documents, query_lengths, doc_lengths)
-    return _call(ops.padded_forward, (*args, True), args[0], args[1])
+    args = _padded_args(queries, documents, query_lengths, doc_lengths, document_scales)
+    return _call(ops.padded_forward, (*args, True, _scales(document_scales)), args[0], args[1])
 
 
-def score_candidates_padded_train(queries, documents, query_lengths, doc_lengths):
+def score_candidates_padded_train(queries, documents, query_lengths, doc_lengths, *,
+                                  document_scales=None):
     """Differentiable score_candidates_padded (gradients for queries and documents)."""
-    args = _padded_args(queries, documents, query_lengths, doc_lengths)
-    return _call(ops.padded_forward, (*args, True), args[0], args[1])[0]
+    args = _padded_args(queries, documents, query_lengths, doc_lengths, document_scales)
+    return _call(ops.padded_forward, (*args, True, _scales(document_scales)), args[0], args[1])[0]
 
 
 # ---- contrastive -------------------------------------------------------------------------
 
-def _contrastive_args(queries, documents, document_offsets, query_lengths):
+def _contrastive_args(queries, documents, document_offsets, query_lengths, document_scales):
     check.embeddings("queries", queries, 3, "[Nq, Lq, D]")
-    check.embeddings("documents", documents, 2, "[total_doc_tokens, D]")
-    check.same_dtype_and_dim(queries, documents)
+    compressed = check.documents(documents, 2, "[total_doc_tokens, D]", document_scales, queries)
+    check.same_dtype_and_dim(queries, documents, compressed)
     check.index("document_offsets", document_offsets, None)
     if query_lengths is not None:
         check.index("query_lengths", query_lengths, (queries.shape[0],))
@@ -93,34 +100,40 @@ def _contrastive_args(queries, documents, document_offsets, query_lengths):
     return queries.contiguous(), documents.contiguous(), document_offsets.contiguous(), query_lengths
 
 
-def score_contrastive(queries, documents, document_offsets, *, query_lengths=None):
+def score_contrastive(queries, documents, document_offsets, *, query_lengths=None,
+                      document_scales=None):
     """Every query against every document.
 
     queries [Nq, Lq, D], documents [total_doc_tokens, D] packed, document_offsets [Nb + 1],
     optional query_lengths [Nq] (default: all Lq positions count) -> scores [Nq, Nb] float32.
     """
-    args = _contrastive_args(queries, documents, document_offsets, query_lengths)
-    return _call(ops.contrastive_forward, (*args, False), args[0], args[1])[0]
+    args = _contrastive_args(queries, documents, document_offsets, query_lengths, document_scales)
+    return _call(ops.contrastive_forward, (*args, False, _scales(document_scales)), args[0],
+                 args[1])[0]
 
 
-def score_contrastive_with_argmax(queries, documents, document_offsets, *, query_lengths=None):
+def score_contrastive_with_argmax(queries, documents, document_offsets, *, query_lengths=None,
+                                  document_scales=None):
     """Like score_contrastive, plus argmax [Nq, Nb, Lq] int32 (-1 where unmatched)."""
-    args = _contrastive_args(queries, documents, document_offsets, query_lengths)
-    return _call(ops.contrastive_forward, (*args, True), args[0], args[1])
+    args = _contrastive_args(queries, documents, document_offsets, query_lengths, document_scales)
+    return _call(ops.contrastive_forward, (*args, True, _scales(document_scales)), args[0], args[1])
 
 
-def score_contrastive_train(queries, documents, document_offsets, *, query_lengths=None):
+def score_contrastive_train(queries, documents, document_offsets, *, query_lengths=None,
+                            document_scales=None):
     """Differentiable score_contrastive, e.g. for in-batch-negative (InfoNCE) training."""
-    args = _contrastive_args(queries, documents, document_offsets, query_lengths)
-    return _call(ops.contrastive_forward, (*args, True), args[0], args[1])[0]
+    args = _contrastive_args(queries, documents, document_offsets, query_lengths, document_scales)
+    return _call(ops.contrastive_forward, (*args, True, _scales(document_scales)), args[0],
+                 args[1])[0]
 
 
 # ---- contrastive over padded documents ---------------------------------------------------
 
-def _contrastive_padded_args(queries, documents, document_lengths, query_lengths):
+def _contrastive_padded_args(queries, documents, document_lengths, query_lengths,
+                             document_scales):
     check.embeddings("queries", queries, 3, "[Nq, Lq, D]")
-    check.embeddings("documents", documents, 3, "[Nb, Ld, D]")
-    check.same_dtype_and_dim(queries, documents)
+    compressed = check.documents(documents, 3, "[Nb, Ld, D]", document_scales, queries)
+    check.same_dtype_and_dim(queries, documents, compressed)
     check.index("document_lengths", document_lengths, (documents.shape[0],))
     if query_lengths is not None:
         check.index("query_lengths", query_lengths, (queries.shape[0],))
@@ -135,36 +148,44 @@ def _contrastive_padded_args(queries, documents, document_lengths, query_lengths
             query_lengths)
 
 
-def score_contrastive_padded(queries, documents, document_lengths, *, query_lengths=None):
+def score_contrastive_padded(queries, documents, document_lengths, *, query_lengths=None,
+                             document_scales=None):
     """Every query against every document, documents padded (no packing copy needed).
 
     queries [Nq, Lq, D], documents [Nb, Ld, D], document_lengths [Nb] (tokens at or past a
     document's length do not count), optional query_lengths [Nq] -> scores [Nq, Nb] float32.
     """
-    args = _contrastive_padded_args(queries, documents, document_lengths, query_lengths)
-    return _call(ops.contrastive_padded_forward, (*args, False), args[0], args[1])[0]
+    args = _contrastive_padded_args(queries, documents, document_lengths, query_lengths,
+                                    document_scales)
+    return _call(ops.contrastive_padded_forward, (*args, False, _scales(document_scales)), args[0],
+                 args[1])[0]
 
 
 def score_contrastive_padded_with_argmax(queries, documents, document_lengths, *,
-                                         query_lengths=None):
+                                         query_lengths=None, document_scales=None):
     """Like score_contrastive_padded, plus argmax [Nq, Nb, Lq] int32 (-1 where unmatched)."""
-    args = _contrastive_padded_args(queries, documents, document_lengths, query_lengths)
-    return _call(ops.contrastive_padded_forward, (*args, True), args[0], args[1])
+    args = _contrastive_padded_args(queries, documents, document_lengths, query_lengths,
+                                    document_scales)
+    return _call(ops.contrastive_padded_forward, (*args, True, _scales(document_scales)), args[0],
+                 args[1])
 
 
-def score_contrastive_padded_train(queries, documents, document_lengths, *, query_lengths=None):
+def score_contrastive_padded_train(queries, documents, document_lengths, *, query_lengths=None,
+                                   document_scales=None):
     """Differentiable score_contrastive_padded (gradients for queries and documents)."""
-    args = _contrastive_padded_args(queries, documents, document_lengths, query_lengths)
-    return _call(ops.contrastive_padded_forward, (*args, True), args[0], args[1])[0]
+    args = _contrastive_padded_args(queries, documents, document_lengths, query_lengths,
+                                    document_scales)
+    return _call(ops.contrastive_padded_forward, (*args, True, _scales(document_scales)), args[0],
+                 args[1])[0]
 
 
 # ---- packed ------------------------------------------------------------------------------
 
 def _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids,
-                 pair_document_ids, max_q_len, need_width):
+                 pair_document_ids, max_q_len, need_width, document_scales):
     check.embeddings("queries", queries, 2, "[total_query_tokens, D]")
-    check.embeddings("documents", documents, 2, "[total_doc_tokens, D]")
-    check.same_dtype_and_dim(queries, documents)
+    compressed = check.documents(documents, 2, "[total_doc_tokens, D]", document_scales, queries)
+    check.same_dtype_and_dim(queries, documents, compressed)
     check.index("query_offsets", query_offsets, None)
     check.index("document_offsets", document_offsets, None)
     check.index("pair_query_ids", pair_query_ids, None)
@@ -193,7 +214,7 @@ def _packed_args(queries, query_offsets, documents, document_offsets, pair_query
 
 
 def score_pairs_packed(queries, query_offsets, documents, document_offsets, pair_query_ids,
-                       pair_document_ids, *, max_q_len=None):
+                       pair_document_ids, *, max_q_len=None, document_scales=None):
     """MaxSim of arbitrary (query, document) pairs over packed ragged segments.
 
     queries [total_q, D], query_offsets [Nq + 1], documents [total_d, D],
@@ -201,24 +222,24 @@ def score_pairs_packed(queries, query_offsets, documents, document_offsets, pair
     `max_q_len`, if given, must be at least the longest query segment.
     """
     args = _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids,
-                        pair_document_ids, max_q_len, need_width=False)
-    return _call(ops.packed_forward, (*args, False), args[0], args[2])[0]
+                        pair_document_ids, max_q_len, need_width=False, document_scales=document_scales)
+    return _call(ops.packed_forward, (*args, False, _scales(document_scales)), args[0], args[2])[0]
 
 
 def score_pairs_packed_with_argmax(queries, query_offsets, documents, document_offsets,
-                                   pair_query_ids, pair_document_ids, *, max_q_len=None):
+                                   pair_query_ids, pair_document_ids, *, max_q_len=None, document_scales=None):
     """Like score_pairs_packed, plus argmax [P, max_q_len] int32 (-1 where unmatched).
 
     Without max_q_len the width is read from query_offsets (a host sync on a GPU).
     """
     args = _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids,
-                        pair_document_ids, max_q_len, need_width=True)
-    return _call(ops.packed_forward, (*args, True), args[0], args[2])
+                        pair_document_ids, max_q_len, need_width=True, document_scales=document_scales)
+    return _call(ops.packed_forward, (*args, True, _scales(document_scales)), args[0], args[2])
 
 
 def score_pairs_packed_train(queries, query_offsets, documents, document_offsets,
-                             pair_query_ids, pair_document_ids, *, max_q_len=None):
+                             pair_query_ids, pair_document_ids, *, max_q_len=None, document_scales=None):
     """Differentiable score_pairs_packed (gradients for queries and documents)."""
     args = _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids,
-                        pair_document_ids, max_q_len, need_width=True)
-    return _call(ops.packed_forward, (*args, True), args[0], args[2])[0]
+                        pair_document_ids, max_q_len, need_width=True, document_scales=document_scales)
+    return _call(ops.packed_forward, (*args, True, _scales(document_scales)), args[0], args[2])[0]

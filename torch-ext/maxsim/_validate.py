@@ -44,8 +44,52 @@ def embeddings(name: str, t, ndim: int, what: str) -> None:
         raise TypeError(f"{name} is float64, which is supported on CPU and CUDA only, not {t.device}")
 
 
-def same_dtype_and_dim(queries: torch.Tensor, documents: torch.Tensor) -> None:
-    if queries.dtype != documents.dtype:
+# Compressed document storage: values of one of these dtypes plus one float32 scale per token.
+COMPRESSED_DTYPES = (torch.int8, torch.float8_e4m3fn)
+_OTHER_FLOAT8 = tuple(getattr(torch, n) for n in (
+    "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu") if hasattr(torch, n))
+
+
+def documents(t, ndim: int, what: str, scales, queries) -> bool:
+    """Checks the documents and their document_scales; True when they are compressed.
+
+    Float documents take no scales; int8 and float8_e4m3fn documents need float32 scales
+    shaped like the documents without their last dimension, on their device.
+    """
+    if isinstance(t, torch.Tensor) and (t.dtype in COMPRESSED_DTYPES or t.dtype in _OTHER_FLOAT8):
+        if t.dtype in _OTHER_FLOAT8:
+            raise TypeError(f"float8 documents must be torch.float8_e4m3fn, got {t.dtype}")
+        if t.dim() != ndim:
+            raise ValueError(f"documents must have {ndim} dimensions {what}, got shape {tuple(t.shape)}")
+        if scales is None:
+            raise ValueError(
+                f"documents are {t.dtype}: pass their per-token scales as document_scales= "
+                "(maxsim.quantize_documents returns both)")
+        if not isinstance(scales, torch.Tensor):
+            raise TypeError(f"document_scales must be a torch.Tensor, got {type(scales).__name__}")
+        if scales.dtype != torch.float32:
+            raise TypeError(f"document_scales must be float32, got {scales.dtype}")
+        if tuple(scales.shape) != tuple(t.shape[:-1]):
+            raise ValueError(f"document_scales must have shape {tuple(t.shape[:-1])} (documents' "
+                             f"shape without its last dim), got {tuple(scales.shape)}")
+        if scales.device != t.device:
+            raise ValueError(f"document_scales is on {scales.device} but documents are on {t.device}")
+        if isinstance(queries, torch.Tensor) and queries.dtype == torch.float64:
+            raise TypeError("compressed documents pair with float16, bfloat16 or float32 queries, "
+                            "got float64 queries")
+        if scales.requires_grad or (t.requires_grad and torch.is_grad_enabled()):
+            raise ValueError("compressed documents (and their document_scales) are frozen storage and "
+                             "get no gradient; detach them, or train on float documents")
+        return True
+    embeddings("documents", t, ndim, what)
+    if scales is not None:
+        raise ValueError(f"document_scales is only for int8 / float8_e4m3fn documents; documents are {t.dtype}")
+    return False
+
+
+def same_dtype_and_dim(queries: torch.Tensor, documents: torch.Tensor,
+                       compressed: bool = False) -> None:
+    if queries.dtype != documents.dtype and not compressed:
         raise TypeError(
             f"queries and documents must share a dtype, got {queries.dtype} and {documents.dtype}"
         )
