@@ -6,6 +6,11 @@
 // in the owner's order, then increasing query row), publish the hits in threadgroup
 // memory, and each thread then adds them, in order, to its column of the accumulator.
 // Every pass stores all of its rows, so each output row is written by exactly one pass.
+//
+// Documents come in a storage format (tiles.h). Compressed ones (int8 / float8 e4m3fn, one
+// float32 scale per row) have grad_queries only: grad_q[i] += (g_p * scale[a_i]) * v[a_i],
+// the scale folded into the entry's weight and the row widened as it is read, the CPU
+// backend's order of products.
 #include <metal_stdlib>
 
 #include "params.h"
@@ -16,10 +21,11 @@ using namespace metal;
 
 // Entry k of owner o for the pass over rows [j0, j0 + kMaxsimGradRows): whether it adds to
 // one of those rows (local row, else -1), from which source row, with which weight.
-template <int kSurface, bool kToQuery>
+template <typename Docs, int kSurface, bool kToQuery>
 inline int entry_hit(Policy<kSurface> pol, Owners own, long o, long row0, long nrows, long j0,
                      long k, long width, long num_pairs, device const int* argmax,
-                     device const float* grad_scores, thread long& src, thread float& weight) {
+                     device const float* grad_scores, device const float* document_scales,
+                     thread long& src, thread float& weight) {
   // grad_queries: entries (pair t, row j0 + r); grad_documents: entries (pair t, query row i)
   const long per_pair = kToQuery ? long(kMaxsimGradRows) : width;
   const long t = k / per_pair, u = k % per_pair;
@@ -36,6 +42,7 @@ inline int entry_hit(Policy<kSurface> pol, Owners own, long o, long row0, long n
   weight = grad_scores[p];
   if (kToQuery) {
     src = s.drow + a;
+    weight = Docs::scaled(weight, document_scales, src);
     return int(u);
   }
   if (a < j0 || a >= j0 + kMaxsimGradRows) return -1;
@@ -43,10 +50,17 @@ inline int entry_hit(Policy<kSurface> pol, Owners own, long o, long row0, long n
   return int(a - j0);
 }
 
-template <typename T, int kSurface, bool kToQuery>
+// Element idx of the gradient's source rows (documents for grad_queries), widened.
+template <typename T, typename Docs, bool kToQuery>
+inline float source_value(device const T* queries, device const typename Docs::element* documents,
+                          long idx) {
+  return kToQuery ? Docs::widen(documents[idx]) : float(queries[idx]);
+}
+
+template <typename T, typename Docs, int kSurface, bool kToQuery>
 kernel void maxsim_backward(constant MaxsimParams& params [[buffer(0)]],
                             device const T* queries [[buffer(1)]],
-                            device const T* documents [[buffer(2)]],
+                            device const typename Docs::element* documents [[buffer(2)]],
                             device const float* grad_scores [[buffer(3)]],
                             device const int* argmax [[buffer(4)]],
                             device const int* index0 [[buffer(5)]],
@@ -56,6 +70,7 @@ kernel void maxsim_backward(constant MaxsimParams& params [[buffer(0)]],
                             device const int* owner_pairs [[buffer(9)]],
                             device const int* owner_pair_offsets [[buffer(10)]],
                             device T* grad [[buffer(11)]],
+                            device const float* document_scales [[buffer(12)]],
                             threadgroup float* smem [[threadgroup(0)]],
                             uint2 group [[threadgroup_position_in_grid]],
                             uint tid [[thread_index_in_threadgroup]]) {
@@ -67,7 +82,6 @@ kernel void maxsim_backward(constant MaxsimParams& params [[buffer(0)]],
   long row0 = 0, nrows = 0;
   if (!own.rows(o, row0, nrows)) return;  // no rows: the output starts at zero there
   const long width = params.argmax_width, dim = params.dim;
-  device const T* source = kToQuery ? documents : queries;
   const long entries = own.num_pairs(o) * (kToQuery ? long(kMaxsimGradRows) : width);
 
   threadgroup float* acc = smem + kGradAcc;
@@ -85,8 +99,9 @@ kernel void maxsim_backward(constant MaxsimParams& params [[buffer(0)]],
         long src = 0;
         float weight = 0.0f;
         const long k = base + tid;
-        const int j = k < entries ? entry_hit<kSurface, kToQuery>(pol, own, o, row0, nrows, j0, k, width,
-                                                                  params.num_pairs, argmax, grad_scores, src, weight)
+        const int j = k < entries ? entry_hit<Docs, kSurface, kToQuery>(pol, own, o, row0, nrows, j0, k, width,
+                                                                        params.num_pairs, argmax, grad_scores,
+                                                                        document_scales, src, weight)
                                   : -1;
         hit_row[tid] = j;
         hit_src_lo[tid] = as_type<int>(uint(ulong(src) & 0xffffffffUL));
@@ -100,7 +115,8 @@ kernel void maxsim_backward(constant MaxsimParams& params [[buffer(0)]],
             if (jj < 0) continue;
             const ulong hi = as_type<uint>(hit_src_hi[h]), lo = as_type<uint>(hit_src_lo[h]);
             const long sr = as_type<long>((hi << 32) | lo);
-            acc[jj * kMaxsimGradColumns + tid] += hit_weight[h] * float(source[sr * dim + col]);
+            acc[jj * kMaxsimGradColumns + tid] +=
+                hit_weight[h] * source_value<T, Docs, kToQuery>(queries, documents, sr * dim + col);
           }
         threadgroup_barrier(mem_flags::mem_threadgroup);  // the hit slots are rewritten next batch
       }
@@ -111,30 +127,56 @@ kernel void maxsim_backward(constant MaxsimParams& params [[buffer(0)]],
   }
 }
 
-#define MAXSIM_BACKWARD(name, T, surface, to_query) \
-  template [[host_name(#name)]] [[kernel]] decltype(maxsim_backward<T, surface, to_query>) maxsim_backward<T, surface, to_query>;
+#define MAXSIM_BACKWARD(name, T, docs, surface, to_query) \
+  template [[host_name(#name)]] [[kernel]] decltype(maxsim_backward<T, docs, surface, to_query>) maxsim_backward<T, docs, surface, to_query>;
 
-MAXSIM_BACKWARD(maxsim_grad_queries_padded_float, float, kMaxsimPadded, true)
-MAXSIM_BACKWARD(maxsim_grad_queries_padded_half, half, kMaxsimPadded, true)
-MAXSIM_BACKWARD(maxsim_grad_queries_padded_bfloat, bfloat, kMaxsimPadded, true)
-MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_float, float, kMaxsimContrastive, true)
-MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_half, half, kMaxsimContrastive, true)
-MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_bfloat, bfloat, kMaxsimContrastive, true)
-MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_padded_float, float, kMaxsimContrastivePadded, true)
-MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_padded_half, half, kMaxsimContrastivePadded, true)
-MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_padded_bfloat, bfloat, kMaxsimContrastivePadded, true)
-MAXSIM_BACKWARD(maxsim_grad_queries_packed_float, float, kMaxsimPacked, true)
-MAXSIM_BACKWARD(maxsim_grad_queries_packed_half, half, kMaxsimPacked, true)
-MAXSIM_BACKWARD(maxsim_grad_queries_packed_bfloat, bfloat, kMaxsimPacked, true)
-MAXSIM_BACKWARD(maxsim_grad_documents_padded_float, float, kMaxsimPadded, false)
-MAXSIM_BACKWARD(maxsim_grad_documents_padded_half, half, kMaxsimPadded, false)
-MAXSIM_BACKWARD(maxsim_grad_documents_padded_bfloat, bfloat, kMaxsimPadded, false)
-MAXSIM_BACKWARD(maxsim_grad_documents_contrastive_float, float, kMaxsimContrastive, false)
-MAXSIM_BACKWARD(maxsim_grad_documents_contrastive_half, half, kMaxsimContrastive, false)
-MAXSIM_BACKWARD(maxsim_grad_documents_contrastive_bfloat, bfloat, kMaxsimContrastive, false)
-MAXSIM_BACKWARD(maxsim_grad_documents_contrastive_padded_float, float, kMaxsimContrastivePadded, false)
-MAXSIM_BACKWARD(maxsim_grad_documents_contrastive_padded_half, half, kMaxsimContrastivePadded, false)
-MAXSIM_BACKWARD(maxsim_grad_documents_contrastive_padded_bfloat, bfloat, kMaxsimContrastivePadded, false)
-MAXSIM_BACKWARD(maxsim_grad_documents_packed_float, float, kMaxsimPacked, false)
-MAXSIM_BACKWARD(maxsim_grad_documents_packed_half, half, kMaxsimPacked, false)
-MAXSIM_BACKWARD(maxsim_grad_documents_packed_bfloat, bfloat, kMaxsimPacked, false)
+// maxsim_grad_<queries|documents>_<surface>_<query type>[_<document format>]
+// (launch_plan.h builds the names); compressed documents have no grad_documents
+MAXSIM_BACKWARD(maxsim_grad_queries_padded_float, float, PlainFormat<float>, kMaxsimPadded, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_padded_float_int8, float, Int8Format, kMaxsimPadded, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_padded_float_e4m3fn, float, E4M3Format, kMaxsimPadded, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_padded_half, half, PlainFormat<half>, kMaxsimPadded, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_padded_half_int8, half, Int8Format, kMaxsimPadded, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_padded_half_e4m3fn, half, E4M3Format, kMaxsimPadded, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_padded_bfloat, bfloat, PlainFormat<bfloat>, kMaxsimPadded, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_padded_bfloat_int8, bfloat, Int8Format, kMaxsimPadded, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_padded_bfloat_e4m3fn, bfloat, E4M3Format, kMaxsimPadded, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_float, float, PlainFormat<float>, kMaxsimContrastive, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_float_int8, float, Int8Format, kMaxsimContrastive, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_float_e4m3fn, float, E4M3Format, kMaxsimContrastive, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_half, half, PlainFormat<half>, kMaxsimContrastive, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_half_int8, half, Int8Format, kMaxsimContrastive, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_half_e4m3fn, half, E4M3Format, kMaxsimContrastive, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_bfloat, bfloat, PlainFormat<bfloat>, kMaxsimContrastive, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_bfloat_int8, bfloat, Int8Format, kMaxsimContrastive, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_bfloat_e4m3fn, bfloat, E4M3Format, kMaxsimContrastive, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_padded_float, float, PlainFormat<float>, kMaxsimContrastivePadded, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_padded_float_int8, float, Int8Format, kMaxsimContrastivePadded, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_padded_float_e4m3fn, float, E4M3Format, kMaxsimContrastivePadded, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_padded_half, half, PlainFormat<half>, kMaxsimContrastivePadded, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_padded_half_int8, half, Int8Format, kMaxsimContrastivePadded, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_padded_half_e4m3fn, half, E4M3Format, kMaxsimContrastivePadded, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_padded_bfloat, bfloat, PlainFormat<bfloat>, kMaxsimContrastivePadded, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_padded_bfloat_int8, bfloat, Int8Format, kMaxsimContrastivePadded, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_padded_bfloat_e4m3fn, bfloat, E4M3Format, kMaxsimContrastivePadded, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_packed_float, float, PlainFormat<float>, kMaxsimPacked, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_packed_float_int8, float, Int8Format, kMaxsimPacked, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_packed_float_e4m3fn, float, E4M3Format, kMaxsimPacked, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_packed_half, half, PlainFormat<half>, kMaxsimPacked, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_packed_half_int8, half, Int8Format, kMaxsimPacked, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_packed_half_e4m3fn, half, E4M3Format, kMaxsimPacked, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_packed_bfloat, bfloat, PlainFormat<bfloat>, kMaxsimPacked, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_packed_bfloat_int8, bfloat, Int8Format, kMaxsimPacked, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_packed_bfloat_e4m3fn, bfloat, E4M3Format, kMaxsimPacked, true)
+MAXSIM_BACKWARD(maxsim_grad_documents_padded_float, float, PlainFormat<float>, kMaxsimPadded, false)
+MAXSIM_BACKWARD(maxsim_grad_documents_padded_half, half, PlainFormat<half>, kMaxsimPadded, false)
+MAXSIM_BACKWARD(maxsim_grad_documents_padded_bfloat, bfloat, PlainFormat<bfloat>, kMaxsimPadded, false)
+MAXSIM_BACKWARD(maxsim_grad_documents_contrastive_float, float, PlainFormat<float>, kMaxsimContrastive, false)
+MAXSIM_BACKWARD(maxsim_grad_documents_contrastive_half, half, PlainFormat<half>, kMaxsimContrastive, false)
+MAXSIM_BACKWARD(maxsim_grad_documents_contrastive_bfloat, bfloat, PlainFormat<bfloat>, kMaxsimContrastive, false)
+MAXSIM_BACKWARD(maxsim_grad_documents_contrastive_padded_float, float, PlainFormat<float>, kMaxsimContrastivePadded, false)
+MAXSIM_BACKWARD(maxsim_grad_documents_contrastive_padded_half, half, PlainFormat<half>, kMaxsimContrastivePadded, false)
+MAXSIM_BACKWARD(maxsim_grad_documents_contrastive_padded_bfloat, bfloat, PlainFormat<bfloat>, kMaxsimContrastivePadded, false)
+MAXSIM_BACKWARD(maxsim_grad_documents_packed_float, float, PlainFormat<float>, kMaxsimPacked, false)
+MAXSIM_BACKWARD(maxsim_grad_documents_packed_half, half, PlainFormat<half>, kMaxsimPacked, false)
+MAXSIM_BACKWARD(maxsim_grad_documents_packed_bfloat, bfloat, PlainFormat<bfloat>, kMaxsimPacked, false)

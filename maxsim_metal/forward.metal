@@ -5,6 +5,10 @@
 // multiplied on 8x8 simdgroup matrices with float32 accumulation; the running row
 // maximum never leaves the simdgroup. Any dim (zero-filled to a multiple of 8), any query
 // length (chunks). Threadgroup memory layout: MaxsimForwardLayout in params.h.
+//
+// Documents come in a storage format (tiles.h): the queries' type, or int8 / float8 e4m3fn
+// with one float32 scale per row (document_scales, read only by scaled formats). The tile
+// load widens them; each similarity is scaled in the fold, before it meets the running max.
 #include <metal_stdlib>
 
 #include "params.h"
@@ -13,16 +17,17 @@
 
 using namespace metal;
 
-template <typename T, int kSurface>
+template <typename T, typename Docs, int kSurface>
 kernel void maxsim_forward(constant MaxsimParams& params [[buffer(0)]],
                            device const T* queries [[buffer(1)]],
-                           device const T* documents [[buffer(2)]],
+                           device const typename Docs::element* documents [[buffer(2)]],
                            device const int* index0 [[buffer(3)]],
                            device const int* index1 [[buffer(4)]],
                            device const int* index2 [[buffer(5)]],
                            device const int* index3 [[buffer(6)]],
                            device float* scores [[buffer(7)]],
                            device int* argmax [[buffer(8)]],
+                           device const float* document_scales [[buffer(9)]],
                            threadgroup float* smem [[threadgroup(0)]],
                            uint group [[threadgroup_position_in_grid]],
                            uint tid [[thread_index_in_threadgroup]],
@@ -59,8 +64,8 @@ kernel void maxsim_forward(constant MaxsimParams& params [[buffer(0)]],
       simdgroup_float8x8 acc[kMaxsimDocRows / 8];
       for (int n = 0; n < kMaxsimDocRows / 8; ++n) acc[n] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
       for (long k0 = 0; k0 < dim8; k0 += kMaxsimDimChunk) {
-        stage_rows<kMaxsimQueryRows>(qtile, queries + (s.qrow + i0) * dim, qrows, dim, k0, tid);
-        stage_rows<kMaxsimDocRows>(dtile, documents + (s.drow + j0) * dim, drows, dim, k0, tid);
+        stage_rows<kMaxsimQueryRows, PlainFormat<T>>(qtile, queries + (s.qrow + i0) * dim, qrows, dim, k0, tid);
+        stage_rows<kMaxsimDocRows, Docs>(dtile, documents + (s.drow + j0) * dim, drows, dim, k0, tid);
         threadgroup_barrier(mem_flags::mem_threadgroup);
         const int kc = int(min(long(kMaxsimDimChunk), dim8 - k0));
         for (int kk = 0; kk < kc; kk += 8) {
@@ -80,7 +85,7 @@ kernel void maxsim_forward(constant MaxsimParams& params [[buffer(0)]],
       for (uint c = quarter * 8; c < quarter * 8 + 8; ++c) {
         if (long(c) >= drows) break;
         Best x;
-        x.value = sims[r * kMaxsimDocRows + c];
+        x.value = Docs::scaled(sims[r * kMaxsimDocRows + c], document_scales, s.drow + j0 + c);
         x.index = int(j0 + c);
         cand = better(cand, x);
       }
@@ -104,18 +109,43 @@ kernel void maxsim_forward(constant MaxsimParams& params [[buffer(0)]],
     for (long i = s.qlen + tid; i < width; i += kMaxsimThreads) arow[i] = -1;
 }
 
-#define MAXSIM_FORWARD(name, T, surface) \
-  template [[host_name(#name)]] [[kernel]] decltype(maxsim_forward<T, surface>) maxsim_forward<T, surface>;
+#define MAXSIM_FORWARD(name, T, docs, surface) \
+  template [[host_name(#name)]] [[kernel]] decltype(maxsim_forward<T, docs, surface>) maxsim_forward<T, docs, surface>;
 
-MAXSIM_FORWARD(maxsim_forward_padded_float, float, kMaxsimPadded)
-MAXSIM_FORWARD(maxsim_forward_padded_half, half, kMaxsimPadded)
-MAXSIM_FORWARD(maxsim_forward_padded_bfloat, bfloat, kMaxsimPadded)
-MAXSIM_FORWARD(maxsim_forward_contrastive_float, float, kMaxsimContrastive)
-MAXSIM_FORWARD(maxsim_forward_contrastive_half, half, kMaxsimContrastive)
-MAXSIM_FORWARD(maxsim_forward_contrastive_bfloat, bfloat, kMaxsimContrastive)
-MAXSIM_FORWARD(maxsim_forward_contrastive_padded_float, float, kMaxsimContrastivePadded)
-MAXSIM_FORWARD(maxsim_forward_contrastive_padded_half, half, kMaxsimContrastivePadded)
-MAXSIM_FORWARD(maxsim_forward_contrastive_padded_bfloat, bfloat, kMaxsimContrastivePadded)
-MAXSIM_FORWARD(maxsim_forward_packed_float, float, kMaxsimPacked)
-MAXSIM_FORWARD(maxsim_forward_packed_half, half, kMaxsimPacked)
-MAXSIM_FORWARD(maxsim_forward_packed_bfloat, bfloat, kMaxsimPacked)
+// maxsim_forward_<surface>_<query type>[_<document format>] (launch_plan.h builds the names)
+MAXSIM_FORWARD(maxsim_forward_padded_float, float, PlainFormat<float>, kMaxsimPadded)
+MAXSIM_FORWARD(maxsim_forward_padded_float_int8, float, Int8Format, kMaxsimPadded)
+MAXSIM_FORWARD(maxsim_forward_padded_float_e4m3fn, float, E4M3Format, kMaxsimPadded)
+MAXSIM_FORWARD(maxsim_forward_padded_half, half, PlainFormat<half>, kMaxsimPadded)
+MAXSIM_FORWARD(maxsim_forward_padded_half_int8, half, Int8Format, kMaxsimPadded)
+MAXSIM_FORWARD(maxsim_forward_padded_half_e4m3fn, half, E4M3Format, kMaxsimPadded)
+MAXSIM_FORWARD(maxsim_forward_padded_bfloat, bfloat, PlainFormat<bfloat>, kMaxsimPadded)
+MAXSIM_FORWARD(maxsim_forward_padded_bfloat_int8, bfloat, Int8Format, kMaxsimPadded)
+MAXSIM_FORWARD(maxsim_forward_padded_bfloat_e4m3fn, bfloat, E4M3Format, kMaxsimPadded)
+MAXSIM_FORWARD(maxsim_forward_contrastive_float, float, PlainFormat<float>, kMaxsimContrastive)
+MAXSIM_FORWARD(maxsim_forward_contrastive_float_int8, float, Int8Format, kMaxsimContrastive)
+MAXSIM_FORWARD(maxsim_forward_contrastive_float_e4m3fn, float, E4M3Format, kMaxsimContrastive)
+MAXSIM_FORWARD(maxsim_forward_contrastive_half, half, PlainFormat<half>, kMaxsimContrastive)
+MAXSIM_FORWARD(maxsim_forward_contrastive_half_int8, half, Int8Format, kMaxsimContrastive)
+MAXSIM_FORWARD(maxsim_forward_contrastive_half_e4m3fn, half, E4M3Format, kMaxsimContrastive)
+MAXSIM_FORWARD(maxsim_forward_contrastive_bfloat, bfloat, PlainFormat<bfloat>, kMaxsimContrastive)
+MAXSIM_FORWARD(maxsim_forward_contrastive_bfloat_int8, bfloat, Int8Format, kMaxsimContrastive)
+MAXSIM_FORWARD(maxsim_forward_contrastive_bfloat_e4m3fn, bfloat, E4M3Format, kMaxsimContrastive)
+MAXSIM_FORWARD(maxsim_forward_contrastive_padded_float, float, PlainFormat<float>, kMaxsimContrastivePadded)
+MAXSIM_FORWARD(maxsim_forward_contrastive_padded_float_int8, float, Int8Format, kMaxsimContrastivePadded)
+MAXSIM_FORWARD(maxsim_forward_contrastive_padded_float_e4m3fn, float, E4M3Format, kMaxsimContrastivePadded)
+MAXSIM_FORWARD(maxsim_forward_contrastive_padded_half, half, PlainFormat<half>, kMaxsimContrastivePadded)
+MAXSIM_FORWARD(maxsim_forward_contrastive_padded_half_int8, half, Int8Format, kMaxsimContrastivePadded)
+MAXSIM_FORWARD(maxsim_forward_contrastive_padded_half_e4m3fn, half, E4M3Format, kMaxsimContrastivePadded)
+MAXSIM_FORWARD(maxsim_forward_contrastive_padded_bfloat, bfloat, PlainFormat<bfloat>, kMaxsimContrastivePadded)
+MAXSIM_FORWARD(maxsim_forward_contrastive_padded_bfloat_int8, bfloat, Int8Format, kMaxsimContrastivePadded)
+MAXSIM_FORWARD(maxsim_forward_contrastive_padded_bfloat_e4m3fn, bfloat, E4M3Format, kMaxsimContrastivePadded)
+MAXSIM_FORWARD(maxsim_forward_packed_float, float, PlainFormat<float>, kMaxsimPacked)
+MAXSIM_FORWARD(maxsim_forward_packed_float_int8, float, Int8Format, kMaxsimPacked)
+MAXSIM_FORWARD(maxsim_forward_packed_float_e4m3fn, float, E4M3Format, kMaxsimPacked)
+MAXSIM_FORWARD(maxsim_forward_packed_half, half, PlainFormat<half>, kMaxsimPacked)
+MAXSIM_FORWARD(maxsim_forward_packed_half_int8, half, Int8Format, kMaxsimPacked)
+MAXSIM_FORWARD(maxsim_forward_packed_half_e4m3fn, half, E4M3Format, kMaxsimPacked)
+MAXSIM_FORWARD(maxsim_forward_packed_bfloat, bfloat, PlainFormat<bfloat>, kMaxsimPacked)
+MAXSIM_FORWARD(maxsim_forward_packed_bfloat_int8, bfloat, Int8Format, kMaxsimPacked)
+MAXSIM_FORWARD(maxsim_forward_packed_bfloat_e4m3fn, bfloat, E4M3Format, kMaxsimPacked)

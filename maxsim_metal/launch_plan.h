@@ -17,6 +17,16 @@ enum class Dtype { kFloat, kHalf, kBFloat };
 inline const char* dtype_name(Dtype t) {
   return t == Dtype::kFloat ? "float" : t == Dtype::kHalf ? "half" : "bfloat";
 }
+
+// Storage format of the documents (tiles.h): the queries' dtype, or compressed with one
+// float32 scale per row (bound at the DocumentScales slot). A pipeline name carries it as a
+// suffix after the query dtype: maxsim_forward_padded_half_int8.
+enum class DocFormat { kQueryDtype, kInt8, kFloat8E4M3 };
+
+inline const char* doc_format_suffix(DocFormat f) {
+  return f == DocFormat::kQueryDtype ? "" : f == DocFormat::kInt8 ? "_int8" : "_e4m3fn";
+}
+inline bool is_compressed(DocFormat f) { return f != DocFormat::kQueryDtype; }
 inline const char* surface_name(MaxsimSurface s) {
   switch (s) {
     case kMaxsimPadded: return "padded";
@@ -31,13 +41,13 @@ inline const char* surface_name(MaxsimSurface s) {
 enum ForwardSlot {
   kForwardParams = 0, kForwardQueries = 1, kForwardDocuments = 2, kForwardIndex0 = 3,
   kForwardIndex1 = 4, kForwardIndex2 = 5, kForwardIndex3 = 6, kForwardScores = 7,
-  kForwardArgmax = 8, kForwardSlots = 9,
+  kForwardArgmax = 8, kForwardDocumentScales = 9, kForwardSlots = 10,
 };
 enum BackwardSlot {
   kBackwardParams = 0, kBackwardQueries = 1, kBackwardDocuments = 2, kBackwardGradScores = 3,
   kBackwardArgmax = 4, kBackwardIndex0 = 5, kBackwardIndex1 = 6, kBackwardIndex2 = 7,
   kBackwardIndex3 = 8, kBackwardOwnerPairs = 9, kBackwardOwnerPairOffsets = 10,
-  kBackwardGrad = 11, kBackwardSlots = 12,
+  kBackwardGrad = 11, kBackwardDocumentScales = 12, kBackwardSlots = 13,
 };
 
 // An index tensor as the kernels see it (absent: an optional tensor not given).
@@ -133,9 +143,11 @@ struct Launch {
   bool zero_output = false;      // backward: the gradient must start at zero
 };
 
-inline Launch plan_forward(MaxsimSurface surface, Dtype dtype, const MaxsimParams& params) {
+inline Launch plan_forward(MaxsimSurface surface, Dtype dtype, DocFormat docs,
+                           const MaxsimParams& params) {
   Launch l;
-  l.kernel = std::string("maxsim_forward_") + surface_name(surface) + "_" + dtype_name(dtype);
+  l.kernel = std::string("maxsim_forward_") + surface_name(surface) + "_" + dtype_name(dtype) +
+             doc_format_suffix(docs);
   l.params = params;
   l.groups[0] = uint32_t(params.num_pairs);
   l.threadgroup_bytes = uint32_t(kForwardFloats * sizeof(float));
@@ -145,12 +157,14 @@ inline Launch plan_forward(MaxsimSurface surface, Dtype dtype, const MaxsimParam
 
 // `params` from the forward's builder with with_argmax = true and argmax_width the width of
 // the saved argmax. For packed, owner_pair_offsets is query_pair_offsets (to_query) or
-// document_pair_offsets, and owner_pairs the matching pairs_by_* tensor.
-inline Launch plan_backward(MaxsimSurface surface, Dtype dtype, bool to_query, MaxsimParams params,
-                            IndexArg owner_pairs, IndexArg owner_pair_offsets) {
+// document_pair_offsets, and owner_pairs the matching pairs_by_* tensor. Compressed
+// documents have grad_queries only (no maxsim_grad_documents_*_int8 pipeline exists; the
+// glue refuses to ask for one).
+inline Launch plan_backward(MaxsimSurface surface, Dtype dtype, DocFormat docs, bool to_query,
+                            MaxsimParams params, IndexArg owner_pairs, IndexArg owner_pair_offsets) {
   Launch l;
   l.kernel = std::string(to_query ? "maxsim_grad_queries_" : "maxsim_grad_documents_") +
-             surface_name(surface) + "_" + dtype_name(dtype);
+             surface_name(surface) + "_" + dtype_name(dtype) + doc_format_suffix(docs);
   set_index(params, 4, owner_pairs);
   set_index(params, 5, owner_pair_offsets);
   // owners tile their output (every row written by its owner) only on the strided surfaces

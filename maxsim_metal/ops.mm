@@ -7,6 +7,10 @@
 //
 // The encoder is the stream's own (never ended here) and the command buffer is committed
 // with COMMIT_AND_CONTINUE, so consecutive calls and torch's own kernels share it.
+//
+// Compressed documents (int8 / float8 e4m3fn values, document_scales: one float32 per row)
+// pick the plan's pipeline of their format and bind the scales at the DocumentScales slot;
+// the kernels widen and scale in their tile loads. They have grad_queries only.
 #include <ATen/ATen.h>
 #include <ATen/mps/MPSStream.h>
 #include <ATen/native/mps/OperationUtils.h>
@@ -60,6 +64,19 @@ Dtype dtype_of(const at::Tensor& t) {
   }
 }
 
+// The documents' storage format. The Python layer pairs scales with compressed documents
+// only; the check here keeps a kernel from reading a scales buffer that is not there.
+DocFormat doc_format_of(const at::Tensor& documents, const std::optional<at::Tensor>& scales) {
+  const auto s = documents.scalar_type();
+  const DocFormat f = s == at::kChar ? DocFormat::kInt8
+                      : s == at::kFloat8_e4m3fn ? DocFormat::kFloat8E4M3
+                                                : DocFormat::kQueryDtype;
+  TORCH_CHECK(is_compressed(f) == scales.has_value(),
+              is_compressed(f) ? "maxsim_metal: int8 / float8 documents need document_scales"
+                               : "maxsim_metal: document_scales given with float documents");
+  return f;
+}
+
 IndexArg index_arg(const at::Tensor& t) { return {t.numel(), t.scalar_type() == at::kLong, true}; }
 IndexArg index_arg(const std::optional<at::Tensor>& t) { return t ? index_arg(*t) : IndexArg{}; }
 IndexArg no_index() { return IndexArg{}; }
@@ -101,10 +118,12 @@ void encode(const Launch& l, const Binding* slots, int num_slots) {
 
 std::tuple<at::Tensor, at::Tensor> forward(MaxsimSurface surface, const MaxsimParams& params,
                                            const at::Tensor& queries, const at::Tensor& documents,
+                                           const std::optional<at::Tensor>& document_scales,
                                            const at::Tensor* index0, const at::Tensor* index1,
                                            const at::Tensor* index2, const at::Tensor* index3,
                                            std::vector<int64_t> score_shape, bool with_argmax) {
-  const Launch l = plan_forward(surface, dtype_of(queries), params);
+  const Launch l =
+      plan_forward(surface, dtype_of(queries), doc_format_of(documents, document_scales), params);
   at::Tensor scores = at::empty(score_shape, queries.options().dtype(at::kFloat));
   score_shape.push_back(params.argmax_width);
   at::Tensor argmax = at::empty(with_argmax ? score_shape : std::vector<int64_t>{0},
@@ -118,6 +137,7 @@ std::tuple<at::Tensor, at::Tensor> forward(MaxsimSurface surface, const MaxsimPa
   slots[kForwardIndex3] = binding(index3 ? *index3 : queries, queries);
   slots[kForwardScores] = binding(scores, scores);
   slots[kForwardArgmax] = binding(argmax, scores);
+  slots[kForwardDocumentScales] = binding(document_scales, queries);
   encode(l, slots, kForwardSlots);
   return {scores, argmax};
 }
@@ -125,10 +145,13 @@ std::tuple<at::Tensor, at::Tensor> forward(MaxsimSurface surface, const MaxsimPa
 // One gradient; owner lists only for packed (pairs_by_*, *_pair_offsets).
 at::Tensor gradient(MaxsimSurface surface, bool to_query, const MaxsimParams& params,
                     const at::Tensor& grad_scores, const at::Tensor& queries,
-                    const at::Tensor& documents, const at::Tensor& argmax, const at::Tensor* index0,
-                    const at::Tensor* index1, const at::Tensor* index2, const at::Tensor* index3,
-                    const at::Tensor* owner_pairs, const at::Tensor* owner_pair_offsets) {
-  const Launch l = plan_backward(surface, dtype_of(queries), to_query, params,
+                    const at::Tensor& documents, const std::optional<at::Tensor>& document_scales,
+                    const at::Tensor& argmax, const at::Tensor* index0, const at::Tensor* index1,
+                    const at::Tensor* index2, const at::Tensor* index3, const at::Tensor* owner_pairs,
+                    const at::Tensor* owner_pair_offsets) {
+  const DocFormat docs = doc_format_of(documents, document_scales);
+  TORCH_CHECK(to_query || !is_compressed(docs), "maxsim_metal: compressed documents get no gradient");
+  const Launch l = plan_backward(surface, dtype_of(queries), docs, to_query, params,
                                  owner_pairs ? index_arg(*owner_pairs) : no_index(),
                                  owner_pair_offsets ? index_arg(*owner_pair_offsets) : no_index());
   const at::Tensor& like = to_query ? queries : documents;
@@ -145,6 +168,7 @@ at::Tensor gradient(MaxsimSurface surface, bool to_query, const MaxsimParams& pa
   slots[kBackwardOwnerPairs] = binding(owner_pairs ? *owner_pairs : grad, grad);
   slots[kBackwardOwnerPairOffsets] = binding(owner_pair_offsets ? *owner_pair_offsets : grad, grad);
   slots[kBackwardGrad] = binding(grad, grad);
+  slots[kBackwardDocumentScales] = binding(document_scales, grad);
   encode(l, slots, kBackwardSlots);
   return grad;
 }
@@ -157,12 +181,11 @@ std::tuple<at::Tensor, at::Tensor> padded_forward(const at::Tensor& queries, con
                                                   const at::Tensor& query_lengths,
                                                   const at::Tensor& doc_lengths, bool with_argmax,
     const std::optional<at::Tensor>& document_scales) {
-  TORCH_CHECK(!document_scales.has_value(), "maxsim_metal: compressed documents are not supported on this backend yet");
   const MaxsimParams p = padded_params(queries.size(0), documents.size(1), queries.size(1), documents.size(2),
                                        queries.size(2), index_arg(query_lengths), index_arg(doc_lengths),
                                        with_argmax);
-  return forward(kMaxsimPadded, p, queries, documents, &query_lengths, &doc_lengths, nullptr, nullptr,
-                 {p.B, p.C}, with_argmax);
+  return forward(kMaxsimPadded, p, queries, documents, document_scales, &query_lengths, &doc_lengths,
+                 nullptr, nullptr, {p.B, p.C}, with_argmax);
 }
 
 std::tuple<at::Tensor, at::Tensor> contrastive_forward(const at::Tensor& queries, const at::Tensor& documents,
@@ -170,10 +193,9 @@ std::tuple<at::Tensor, at::Tensor> contrastive_forward(const at::Tensor& queries
                                                        const std::optional<at::Tensor>& query_lengths,
                                                        bool with_argmax,
     const std::optional<at::Tensor>& document_scales) {
-  TORCH_CHECK(!document_scales.has_value(), "maxsim_metal: compressed documents are not supported on this backend yet");
   const MaxsimParams p = contrastive_params(queries.size(0), queries.size(1), documents.size(0), queries.size(2),
                                             index_arg(document_offsets), index_arg(query_lengths), with_argmax);
-  return forward(kMaxsimContrastive, p, queries, documents, &document_offsets,
+  return forward(kMaxsimContrastive, p, queries, documents, document_scales, &document_offsets,
                  query_lengths ? &*query_lengths : nullptr, nullptr, nullptr, {p.Nq, p.Nb}, with_argmax);
 }
 
@@ -183,11 +205,10 @@ std::tuple<at::Tensor, at::Tensor> contrastive_padded_forward(const at::Tensor& 
                                                               const std::optional<at::Tensor>& query_lengths,
                                                               bool with_argmax,
     const std::optional<at::Tensor>& document_scales) {
-  TORCH_CHECK(!document_scales.has_value(), "maxsim_metal: compressed documents are not supported on this backend yet");
   const MaxsimParams p = contrastive_padded_params(queries.size(0), queries.size(1), documents.size(0),
                                                    documents.size(1), queries.size(2), index_arg(document_lengths),
                                                    index_arg(query_lengths), with_argmax);
-  return forward(kMaxsimContrastivePadded, p, queries, documents, &document_lengths,
+  return forward(kMaxsimContrastivePadded, p, queries, documents, document_scales, &document_lengths,
                  query_lengths ? &*query_lengths : nullptr, nullptr, nullptr, {p.Nq, p.Nb}, with_argmax);
 }
 
@@ -197,13 +218,12 @@ std::tuple<at::Tensor, at::Tensor> packed_forward(const at::Tensor& queries, con
                                                   const at::Tensor& pair_document_ids, int64_t max_q_len,
                                                   bool with_argmax,
     const std::optional<at::Tensor>& document_scales) {
-  TORCH_CHECK(!document_scales.has_value(), "maxsim_metal: compressed documents are not supported on this backend yet");
   const MaxsimParams p = packed_params(queries.size(0), documents.size(0), queries.size(1),
                                        index_arg(query_offsets), index_arg(document_offsets),
                                        index_arg(pair_query_ids), index_arg(pair_document_ids), max_q_len,
                                        with_argmax);
-  return forward(kMaxsimPacked, p, queries, documents, &query_offsets, &document_offsets, &pair_query_ids,
-                 &pair_document_ids, {p.num_pairs}, with_argmax);
+  return forward(kMaxsimPacked, p, queries, documents, document_scales, &query_offsets, &document_offsets,
+                 &pair_query_ids, &pair_document_ids, {p.num_pairs}, with_argmax);
 }
 
 std::tuple<at::Tensor, at::Tensor> padded_backward(const at::Tensor& grad_scores, const at::Tensor& queries,
@@ -211,12 +231,11 @@ std::tuple<at::Tensor, at::Tensor> padded_backward(const at::Tensor& grad_scores
                                                    const at::Tensor& doc_lengths, const at::Tensor& argmax,
                                                    bool need_grad_queries, bool need_grad_documents,
     const std::optional<at::Tensor>& document_scales) {
-  TORCH_CHECK(!document_scales.has_value(), "maxsim_metal: compressed documents are not supported on this backend yet");
   const MaxsimParams p = padded_params(queries.size(0), documents.size(1), queries.size(1), documents.size(2),
                                        queries.size(2), index_arg(query_lengths), index_arg(doc_lengths), true);
   auto grad = [&](bool to_query) {
-    return gradient(kMaxsimPadded, to_query, p, grad_scores, queries, documents, argmax, &query_lengths,
-                    &doc_lengths, nullptr, nullptr, nullptr, nullptr);
+    return gradient(kMaxsimPadded, to_query, p, grad_scores, queries, documents, document_scales, argmax,
+                    &query_lengths, &doc_lengths, nullptr, nullptr, nullptr, nullptr);
   };
   return {need_grad_queries ? grad(true) : none_like(queries),
           need_grad_documents ? grad(false) : none_like(documents)};
@@ -229,12 +248,12 @@ std::tuple<at::Tensor, at::Tensor> contrastive_backward(const at::Tensor& grad_s
                                                         const at::Tensor& argmax, bool need_grad_queries,
                                                         bool need_grad_documents,
     const std::optional<at::Tensor>& document_scales) {
-  TORCH_CHECK(!document_scales.has_value(), "maxsim_metal: compressed documents are not supported on this backend yet");
   const MaxsimParams p = contrastive_params(queries.size(0), queries.size(1), documents.size(0), queries.size(2),
                                             index_arg(document_offsets), index_arg(query_lengths), true);
   auto grad = [&](bool to_query) {
-    return gradient(kMaxsimContrastive, to_query, p, grad_scores, queries, documents, argmax, &document_offsets,
-                    query_lengths ? &*query_lengths : nullptr, nullptr, nullptr, nullptr, nullptr);
+    return gradient(kMaxsimContrastive, to_query, p, grad_scores, queries, documents, document_scales, argmax,
+                    &document_offsets, query_lengths ? &*query_lengths : nullptr, nullptr, nullptr, nullptr,
+                    nullptr);
   };
   return {need_grad_queries ? grad(true) : none_like(queries),
           need_grad_documents ? grad(false) : none_like(documents)};
@@ -248,13 +267,12 @@ std::tuple<at::Tensor, at::Tensor> contrastive_padded_backward(const at::Tensor&
                                                                const at::Tensor& argmax, bool need_grad_queries,
                                                                bool need_grad_documents,
     const std::optional<at::Tensor>& document_scales) {
-  TORCH_CHECK(!document_scales.has_value(), "maxsim_metal: compressed documents are not supported on this backend yet");
   const MaxsimParams p = contrastive_padded_params(queries.size(0), queries.size(1), documents.size(0),
                                                    documents.size(1), queries.size(2), index_arg(document_lengths),
                                                    index_arg(query_lengths), true);
   auto grad = [&](bool to_query) {
-    return gradient(kMaxsimContrastivePadded, to_query, p, grad_scores, queries, documents, argmax,
-                    &document_lengths, query_lengths ? &*query_lengths : nullptr, nullptr, nullptr, nullptr,
+    return gradient(kMaxsimContrastivePadded, to_query, p, grad_scores, queries, documents, document_scales,
+                    argmax, &document_lengths, query_lengths ? &*query_lengths : nullptr, nullptr, nullptr, nullptr,
                     nullptr);
   };
   return {need_grad_queries ? grad(true) : none_like(queries),
@@ -268,14 +286,13 @@ std::tuple<at::Tensor, at::Tensor> packed_backward(
     const at::Tensor& query_pair_offsets, const at::Tensor& pairs_by_document,
     const at::Tensor& document_pair_offsets, bool need_grad_queries, bool need_grad_documents,
     const std::optional<at::Tensor>& document_scales) {
-  TORCH_CHECK(!document_scales.has_value(), "maxsim_metal: compressed documents are not supported on this backend yet");
   const MaxsimParams p = packed_params(queries.size(0), documents.size(0), queries.size(1),
                                        index_arg(query_offsets), index_arg(document_offsets),
                                        index_arg(pair_query_ids), index_arg(pair_document_ids), argmax.size(-1),
                                        true);
   auto grad = [&](bool to_query) {
-    return gradient(kMaxsimPacked, to_query, p, grad_scores, queries, documents, argmax, &query_offsets,
-                    &document_offsets, &pair_query_ids, &pair_document_ids,
+    return gradient(kMaxsimPacked, to_query, p, grad_scores, queries, documents, document_scales, argmax,
+                    &query_offsets, &document_offsets, &pair_query_ids, &pair_document_ids,
                     to_query ? &pairs_by_query : &pairs_by_document,
                     to_query ? &query_pair_offsets : &document_pair_offsets);
   };

@@ -4,7 +4,9 @@ called through its C ABI on CPU tensors.
 `EmulatedMaxsim` exposes the public entry points' `""`, `_with_argmax` and `_train` forms
 with the package's signatures, so the suite's Case objects (conftest.py) can call it like
 the loaded kernel; `backward()` runs the two gradient kernels (and `_train`'s autograd
-backward goes through it). Every call runs the kernel in
+backward goes through it). Compressed documents (int8 / float8 e4m3fn values) take their
+per-row float32 scales through the `document_scales=` keyword, as the package's API does;
+they get grad_queries only. Every call runs the kernel in
 each of `RunConfig.runs` (thread order, poison pattern, seed) and requires bitwise
 identical outputs across them.
 
@@ -26,6 +28,8 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SURFACE_IDS = {"padded": 0, "contrastive": 1, "packed": 2, "contrastive_padded": 3}
 DTYPE_IDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+# maxsim_metal::DocFormat: documents of the queries' dtype, or compressed with per-row scales
+DOC_FORMAT_IDS = {torch.int8: 1, torch.float8_e4m3fn: 2}
 FORWARD, REVERSE, RANDOM = 0, 1, 2
 POISON_A, POISON_B = 0x7FC0DEAD, 0x12345678  # a NaN pattern and a small positive float
 
@@ -124,7 +128,24 @@ class EmulatedMaxsim:
         if rc != 0:
             raise EmulatorError(err.value.decode())
 
-    def forward(self, surface, queries, documents, indices, sizes, width, with_argmax):
+    @staticmethod
+    def _documents(documents, document_scales, keep):
+        """(doc_format, documents, scales pointer, scales numel) as the C ABI takes them."""
+        fmt = DOC_FORMAT_IDS.get(documents.dtype, 0)
+        if (fmt != 0) != (document_scales is not None):
+            raise ValueError("int8 / float8 documents need document_scales, float ones take none")
+        d = documents.contiguous()
+        keep.append(d)
+        if document_scales is None:
+            return 0, d, None, 0
+        if document_scales.dtype != torch.float32:
+            raise ValueError("document_scales must be float32")
+        sc = document_scales.contiguous()
+        keep.append(sc)
+        return fmt, d, ctypes.c_void_p(sc.data_ptr()), sc.numel()
+
+    def forward(self, surface, queries, documents, indices, sizes, width, with_argmax,
+                document_scales=None):
         dtype = DTYPE_IDS[queries.dtype]
         if surface == "padded":
             num_pairs = sizes[0] * sizes[1]
@@ -134,8 +155,9 @@ class EmulatedMaxsim:
             num_pairs = sizes[0] * sizes[2]
         else:
             num_pairs = indices[2].numel()
-        q, d = queries.contiguous(), documents.contiguous()
+        q = queries.contiguous()
         keep = []
+        fmt, d, scales, scales_numel = self._documents(documents, document_scales, keep)
         idx = (EmuIndex * 4)(*[self._index(t, keep) for t in indices])
         sz = (ctypes.c_int64 * 4)(*(list(sizes) + [0] * (4 - len(sizes))))
 
@@ -144,9 +166,10 @@ class EmulatedMaxsim:
             argmax = torch.empty(num_pairs * width if with_argmax else 0, dtype=torch.int32)
             err = ctypes.create_string_buffer(2048)
             rc = self.lib.emu_forward(
-                SURFACE_IDS[surface], dtype, sz, ctypes.c_int64(q.shape[-1]),
+                SURFACE_IDS[surface], dtype, fmt, sz, ctypes.c_int64(q.shape[-1]),
                 ctypes.c_void_p(q.data_ptr()), ctypes.c_int64(q.numel()),
-                ctypes.c_void_p(d.data_ptr()), ctypes.c_int64(d.numel()), idx, int(with_argmax),
+                ctypes.c_void_p(d.data_ptr()), ctypes.c_int64(d.numel()), scales,
+                ctypes.c_int64(scales_numel), idx, int(with_argmax),
                 ctypes.c_void_p(scores.data_ptr()), ctypes.c_int64(scores.numel()),
                 ctypes.c_void_p(argmax.data_ptr()), ctypes.c_int64(argmax.numel()),
                 ctypes.byref(opts), err, 2048)
@@ -156,13 +179,14 @@ class EmulatedMaxsim:
         return self._repeat(call)
 
     def gradient(self, surface, to_query, queries, documents, indices, sizes, grad_scores, argmax,
-                 owner_pairs=None, owner_pair_offsets=None):
+                 owner_pairs=None, owner_pair_offsets=None, document_scales=None):
         dtype = DTYPE_IDS[queries.dtype]
-        q, d = queries.contiguous(), documents.contiguous()
+        q = queries.contiguous()
         g = grad_scores.contiguous().float()
         a = argmax.contiguous()
         width = a.shape[-1] if a.dim() > 0 else 0
         keep = []
+        fmt, d, scales, scales_numel = self._documents(documents, document_scales, keep)
         idx = (EmuIndex * 4)(*[self._index(t, keep) for t in indices])
         op = self._index(owner_pairs, keep)
         oo = self._index(owner_pair_offsets, keep)
@@ -173,9 +197,10 @@ class EmulatedMaxsim:
             grad = torch.empty_like(like)
             err = ctypes.create_string_buffer(2048)
             rc = self.lib.emu_backward(
-                SURFACE_IDS[surface], dtype, int(to_query), sz, ctypes.c_int64(q.shape[-1]),
+                SURFACE_IDS[surface], dtype, fmt, int(to_query), sz, ctypes.c_int64(q.shape[-1]),
                 ctypes.c_void_p(q.data_ptr()), ctypes.c_int64(q.numel()),
-                ctypes.c_void_p(d.data_ptr()), ctypes.c_int64(d.numel()),
+                ctypes.c_void_p(d.data_ptr()), ctypes.c_int64(d.numel()), scales,
+                ctypes.c_int64(scales_numel),
                 ctypes.c_void_p(g.data_ptr()), ctypes.c_int64(g.numel()),
                 ctypes.c_void_p(a.data_ptr()), ctypes.c_int64(width), idx, op, oo,
                 ctypes.c_void_p(grad.data_ptr()), ctypes.c_int64(grad.numel()),
@@ -186,63 +211,74 @@ class EmulatedMaxsim:
         return self._repeat(call)[0]
 
     # ---- the public forms (signatures of torch-ext/maxsim/_api.py)
-    def _padded(self, queries, documents, query_lengths, doc_lengths, with_argmax):
+    def _padded(self, queries, documents, query_lengths, doc_lengths, with_argmax,
+                document_scales=None):
         b, lq = queries.shape[:2]
         c, ld = documents.shape[1:3]
         s, a = self.forward("padded", queries, documents, [query_lengths, doc_lengths, None, None],
-                            [b, c, lq, ld], lq, with_argmax)
+                            [b, c, lq, ld], lq, with_argmax, document_scales)
         return s.reshape(b, c), (a.reshape(b, c, lq) if with_argmax else None)
 
-    def _contrastive(self, queries, documents, document_offsets, query_lengths, with_argmax):
+    def _contrastive(self, queries, documents, document_offsets, query_lengths, with_argmax,
+                     document_scales=None):
         nq, lq = queries.shape[:2]
         nb = document_offsets.numel() - 1
         s, a = self.forward("contrastive", queries, documents,
                             [document_offsets, query_lengths, None, None],
-                            [nq, lq, documents.shape[0]], lq, with_argmax)
+                            [nq, lq, documents.shape[0]], lq, with_argmax, document_scales)
         return s.reshape(nq, nb), (a.reshape(nq, nb, lq) if with_argmax else None)
 
-    def _contrastive_padded(self, queries, documents, document_lengths, query_lengths, with_argmax):
+    def _contrastive_padded(self, queries, documents, document_lengths, query_lengths, with_argmax,
+                            document_scales=None):
         nq, lq = queries.shape[:2]
         nb, ld = documents.shape[:2]
         s, a = self.forward("contrastive_padded", queries, documents,
                             [document_lengths, query_lengths, None, None], [nq, lq, nb, ld], lq,
-                            with_argmax)
+                            with_argmax, document_scales)
         return s.reshape(nq, nb), (a.reshape(nq, nb, lq) if with_argmax else None)
 
     def _packed(self, queries, query_offsets, documents, document_offsets, pair_query_ids,
-                pair_document_ids, max_q_len, with_argmax):
+                pair_document_ids, max_q_len, with_argmax, document_scales=None):
         if max_q_len is None:
             lens = query_offsets[1:] - query_offsets[:-1]
             max_q_len = int(lens.max()) if lens.numel() else 0
         s, a = self.forward("packed", queries, documents,
                             [query_offsets, document_offsets, pair_query_ids, pair_document_ids],
-                            [queries.shape[0], documents.shape[0], max_q_len], max_q_len, with_argmax)
+                            [queries.shape[0], documents.shape[0], max_q_len], max_q_len, with_argmax,
+                            document_scales)
         return s, a
 
-    def score_candidates_padded(self, *args):
-        return self._padded(*args, False)[0]
+    def score_candidates_padded(self, *args, document_scales=None):
+        return self._padded(*args, False, document_scales)[0]
 
-    def score_candidates_padded_with_argmax(self, *args):
-        return self._padded(*args, True)
+    def score_candidates_padded_with_argmax(self, *args, document_scales=None):
+        return self._padded(*args, True, document_scales)
 
-    def score_contrastive(self, queries, documents, document_offsets, query_lengths=None):
-        return self._contrastive(queries, documents, document_offsets, query_lengths, False)[0]
+    def score_contrastive(self, queries, documents, document_offsets, query_lengths=None,
+                          document_scales=None):
+        return self._contrastive(queries, documents, document_offsets, query_lengths, False,
+                                 document_scales)[0]
 
-    def score_contrastive_with_argmax(self, queries, documents, document_offsets, query_lengths=None):
-        return self._contrastive(queries, documents, document_offsets, query_lengths, True)
+    def score_contrastive_with_argmax(self, queries, documents, document_offsets, query_lengths=None,
+                                      document_scales=None):
+        return self._contrastive(queries, documents, document_offsets, query_lengths, True,
+                                 document_scales)
 
-    def score_contrastive_padded(self, queries, documents, document_lengths, query_lengths=None):
-        return self._contrastive_padded(queries, documents, document_lengths, query_lengths, False)[0]
+    def score_contrastive_padded(self, queries, documents, document_lengths, query_lengths=None,
+                                 document_scales=None):
+        return self._contrastive_padded(queries, documents, document_lengths, query_lengths, False,
+                                        document_scales)[0]
 
     def score_contrastive_padded_with_argmax(self, queries, documents, document_lengths,
-                                             query_lengths=None):
-        return self._contrastive_padded(queries, documents, document_lengths, query_lengths, True)
+                                             query_lengths=None, document_scales=None):
+        return self._contrastive_padded(queries, documents, document_lengths, query_lengths, True,
+                                        document_scales)
 
-    def score_pairs_packed(self, *args, max_q_len=None):
-        return self._packed(*args, max_q_len, False)[0]
+    def score_pairs_packed(self, *args, max_q_len=None, document_scales=None):
+        return self._packed(*args, max_q_len, False, document_scales)[0]
 
-    def score_pairs_packed_with_argmax(self, *args, max_q_len=None):
-        return self._packed(*args, max_q_len, True)
+    def score_pairs_packed_with_argmax(self, *args, max_q_len=None, document_scales=None):
+        return self._packed(*args, max_q_len, True, document_scales)
 
     # ---- the _train forms: the forward with argmax, the gradient kernels as its backward
     def _train(self, fn, names, args, kwargs):
@@ -255,57 +291,73 @@ class EmulatedMaxsim:
         case = types.SimpleNamespace(fn=fn, **{"query_lengths": None, **dict(zip(names, args)), **kwargs})
         return _Train.apply(self, forward, case, case.queries, case.documents)
 
-    def score_candidates_padded_train(self, *args):
+    @staticmethod
+    def _keywords(**given):
+        return {k: v for k, v in given.items() if v is not None}
+
+    def score_candidates_padded_train(self, *args, document_scales=None):
         return self._train("score_candidates_padded",
-                           ("queries", "documents", "query_lengths", "doc_lengths"), args, {})
+                           ("queries", "documents", "query_lengths", "doc_lengths"), args,
+                           self._keywords(document_scales=document_scales))
 
-    def score_contrastive_train(self, *args, query_lengths=None):
+    def score_contrastive_train(self, *args, query_lengths=None, document_scales=None):
         return self._train("score_contrastive", ("queries", "documents", "document_offsets"), args,
-                           {} if query_lengths is None else {"query_lengths": query_lengths})
+                           self._keywords(query_lengths=query_lengths, document_scales=document_scales))
 
-    def score_contrastive_padded_train(self, *args, query_lengths=None):
+    def score_contrastive_padded_train(self, *args, query_lengths=None, document_scales=None):
         return self._train("score_contrastive_padded", ("queries", "documents", "document_lengths"),
-                           args, {} if query_lengths is None else {"query_lengths": query_lengths})
+                           args,
+                           self._keywords(query_lengths=query_lengths, document_scales=document_scales))
 
-    def score_pairs_packed_train(self, *args, max_q_len=None):
+    def score_pairs_packed_train(self, *args, max_q_len=None, document_scales=None):
         return self._train("score_pairs_packed",
                            ("queries", "query_offsets", "documents", "document_offsets",
                             "pair_query_ids", "pair_document_ids"), args,
-                           {} if max_q_len is None else {"max_q_len": max_q_len})
+                           self._keywords(max_q_len=max_q_len, document_scales=document_scales))
 
     # ---- backward of a Case (conftest.py) given the forward's argmax
-    def backward(self, case, grad_scores, argmax):
+    def backward(self, case, grad_scores, argmax, document_scales=None):
+        """(grad_queries, grad_documents); with document_scales (compressed documents, also
+        taken from case.document_scales) grad_documents is None: they get no gradient."""
+        if document_scales is None:
+            document_scales = getattr(case, "document_scales", None)
         fn = case.fn
         g = grad_scores.reshape(-1)
         a = argmax.reshape(g.numel(), -1) if g.numel() else argmax.reshape(0, max(case.argmax_width, 0))
+        sc = {"document_scales": document_scales}
+        both = document_scales is None
+
+        def pair(grad):
+            return grad(True), (grad(False) if both else None)
+
         if fn == "score_candidates_padded":
             b, lq = case.queries.shape[:2]
             c, ld = case.documents.shape[1:3]
-            args = ("padded", case.queries, case.documents,
-                    [case.query_lengths, case.doc_lengths, None, None], [b, c, lq, ld], g, a)
-            return self.gradient(*args[:1], True, *args[1:]), self.gradient(*args[:1], False, *args[1:])
+            args = (case.queries, case.documents, [case.query_lengths, case.doc_lengths, None, None],
+                    [b, c, lq, ld], g, a)
+            return pair(lambda to_query: self.gradient("padded", to_query, *args, **sc))
         if fn == "score_contrastive":
             nq, lq = case.queries.shape[:2]
             args = (case.queries, case.documents, [case.document_offsets, case.query_lengths, None, None],
                     [nq, lq, case.documents.shape[0]], g, a)
-            return (self.gradient("contrastive", True, *args),
-                    self.gradient("contrastive", False, *args))
+            return pair(lambda to_query: self.gradient("contrastive", to_query, *args, **sc))
         if fn == "score_contrastive_padded":
             nq, lq = case.queries.shape[:2]
             nb, ld = case.documents.shape[:2]
             args = (case.queries, case.documents, [case.document_lengths, case.query_lengths, None, None],
                     [nq, lq, nb, ld], g, a)
-            return (self.gradient("contrastive_padded", True, *args),
-                    self.gradient("contrastive_padded", False, *args))
+            return pair(lambda to_query: self.gradient("contrastive_padded", to_query, *args, **sc))
         indices = [case.query_offsets, case.document_offsets, case.pair_query_ids, case.pair_document_ids]
         sizes = [case.queries.shape[0], case.documents.shape[0], a.shape[-1]]
-        out = []
-        for to_query, ids_, offsets in ((True, case.pair_query_ids, case.query_offsets),
-                                        (False, case.pair_document_ids, case.document_offsets)):
+
+        def packed(to_query):
+            ids_, offsets = ((case.pair_query_ids, case.query_offsets) if to_query
+                             else (case.pair_document_ids, case.document_offsets))
             pairs_by, pair_offsets = owner_lists(ids_, offsets.numel() - 1)
-            out.append(self.gradient("packed", to_query, case.queries, case.documents, indices, sizes,
-                                     g, a, pairs_by, pair_offsets))
-        return tuple(out)
+            return self.gradient("packed", to_query, case.queries, case.documents, indices, sizes,
+                                 g, a, pairs_by, pair_offsets, **sc)
+
+        return pair(packed)
 
 
 class _Train(torch.autograd.Function):

@@ -262,19 +262,23 @@ def test_contrastive_bad_offsets(ms, rng):
 
 # ---- the launch plan ----------------------------------------------------------------------------
 
-def _plan(ms, surface, sizes, dim, idx, *, backward=False, to_query=False):
+def _plan(ms, surface, sizes, dim, idx, *, backward=False, to_query=False, dtype=torch.float32,
+          doc_format=0):
+    """The launch plan's numbers, and its pipeline name under "kernel"."""
     out = (ctypes.c_int64 * 6)()
+    name = ctypes.create_string_buffer(256)
     keep = []
     arr = (emu.EmuIndex * 4)(*[ms._index(t, keep) for t in idx])
-    ms.lib.emu_plan(emu.SURFACE_IDS[surface], 0, int(backward), int(to_query),
-                    (ctypes.c_int64 * 4)(*sizes), ctypes.c_int64(dim), arr, out)
-    return dict(zip(("groups_x", "groups_y", "threads", "bytes", "run", "zero"), list(out)))
+    ms.lib.emu_plan(emu.SURFACE_IDS[surface], emu.DTYPE_IDS[dtype], doc_format, int(backward),
+                    int(to_query), (ctypes.c_int64 * 4)(*sizes), ctypes.c_int64(dim), arr, out, name, 256)
+    plan = dict(zip(("groups_x", "groups_y", "threads", "bytes", "run", "zero"), list(out)))
+    return plan | {"kernel": name.value.decode()}
 
 
 def test_launch_plan(ms):
     fwd = _plan(ms, "padded", [3, 4, 9, 13], 64, [ids([1, 2, 3]), ids([1] * 12), None, None])
     assert fwd == {"groups_x": 12, "groups_y": 1, "threads": 128, "bytes": (3 * 1024 + 32) * 4,
-                   "run": 1, "zero": 0}
+                   "run": 1, "zero": 0, "kernel": "maxsim_forward_padded_float"}
     assert fwd["bytes"] % 16 == 0 and fwd["bytes"] <= 32 * 1024  # Metal's limit and granularity
     gq = _plan(ms, "padded", [3, 4, 40, 13], 64, [ids([1, 2, 3]), ids([1] * 12), None, None],
                backward=True, to_query=True)

@@ -32,8 +32,10 @@ FLAVOURS = {
 }
 # -U_FORTIFY_SOURCE: toolchains that fortify by default (Ubuntu's gcc) turn _longjmp into
 # __longjmp_chk, which aborts on the jump from one fiber's stack to another.
-COMMON = ["-std=c++17", "-g", "-fPIC", "-ffp-contract=off", "-U_FORTIFY_SOURCE", "-Wall",
-          "-Wno-unused-variable", "-Wno-unused-function"]
+# -fsigned-char: MSL's char is signed (int8 documents are `char`), as on x86-64 but not on
+# every Linux target.
+COMMON = ["-std=c++17", "-g", "-fPIC", "-ffp-contract=off", "-U_FORTIFY_SOURCE", "-fsigned-char",
+          "-Wall", "-Wno-unused-variable", "-Wno-unused-function"]
 
 
 def sources(kernel_dir: pathlib.Path) -> list[pathlib.Path]:

@@ -3,7 +3,9 @@
 // block, bind every tensor at its slot, launch. Differences are the emulator's checks:
 // every buffer is copied into an allocation of exactly its size (AddressSanitizer sees
 // any access past it), outputs start as a poison pattern unless the plan zeroes them, and
-// an unused or absent slot is bound to a zero-byte allocation.
+// an unused or absent slot is bound to a zero-byte allocation (document_scales of float
+// documents included, so a kernel that read them would fault under ASan).
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -13,6 +15,7 @@
 #include "maxsim_metal/launch_plan.h"
 #include "runtime.h"
 
+using maxsim_metal::DocFormat;
 using maxsim_metal::Dtype;
 using maxsim_metal::IndexArg;
 using maxsim_metal::Launch;
@@ -21,6 +24,10 @@ using maxsim_metal::Launch;
 namespace {
 
 size_t element_size(int dtype) { return dtype == int(Dtype::kFloat) ? 4 : 2; }
+// Documents: the queries' element size, or one byte for int8 / float8 e4m3fn.
+size_t document_element_size(int dtype, int doc_format) {
+  return maxsim_metal::is_compressed(DocFormat(doc_format)) ? 1 : element_size(dtype);
+}
 
 IndexArg arg_of(const EmuIndex& e) {
   IndexArg a;
@@ -54,6 +61,14 @@ struct Buffers {
     for (size_t b = 0; b < bytes; ++b) p[b] = zero ? 0 : uint8_t(poison >> (8 * (b % 4)));
     slots[size_t(slot)] = p;
     return p;
+  }
+  // a float32 buffer, or a zero-byte one when absent
+  void floats(int slot, const float* src, int64_t numel) {
+    if (src == nullptr) {
+      slots[size_t(slot)] = alloc(0);
+      return;
+    }
+    input(slot, src, size_t(numel) * 4);
   }
   void index(int slot, const EmuIndex& e) {
     if (!e.present) {
@@ -111,19 +126,23 @@ MaxsimParams params_for(int surface, const int64_t* sizes, int64_t dim, const Em
 extern "C" {
 
 // Forward of one surface. scores [num_pairs] float32, argmax [num_pairs * width] int32
-// (argmax_numel 0 without argmax). Returns 0, or 1 with a message in err.
-int emu_forward(int surface, int dtype, const int64_t* sizes, int64_t dim, const void* queries,
-                int64_t queries_numel, const void* documents, int64_t documents_numel,
+// (argmax_numel 0 without argmax). doc_format: DocFormat; compressed documents come with
+// document_scales (one float32 per document row, scales_numel of them), float ones with
+// null. Returns 0, or 1 with a message in err.
+int emu_forward(int surface, int dtype, int doc_format, const int64_t* sizes, int64_t dim,
+                const void* queries, int64_t queries_numel, const void* documents,
+                int64_t documents_numel, const float* document_scales, int64_t scales_numel,
                 const EmuIndex* idx, int with_argmax, float* scores, int64_t scores_numel,
                 int32_t* argmax, int64_t argmax_numel, const EmuOptions* opt, char* err, int errlen) {
   using namespace maxsim_metal;
   const MaxsimParams prm = params_for(surface, sizes, dim, idx, with_argmax != 0);
-  const Launch l = plan_forward(MaxsimSurface(surface), Dtype(dtype), prm);
+  const Launch l = plan_forward(MaxsimSurface(surface), Dtype(dtype), DocFormat(doc_format), prm);
   Buffers b(kForwardSlots);
   const size_t es = element_size(dtype);
   b.input(kForwardParams, &l.params, sizeof(MaxsimParams));
   b.input(kForwardQueries, queries, size_t(queries_numel) * es);
-  b.input(kForwardDocuments, documents, size_t(documents_numel) * es);
+  b.input(kForwardDocuments, documents, size_t(documents_numel) * document_element_size(dtype, doc_format));
+  b.floats(kForwardDocumentScales, document_scales, scales_numel);
   const int index_slots[4] = {kForwardIndex0, kForwardIndex1, kForwardIndex2, kForwardIndex3};
   for (int k = 0; k < 4; ++k) b.index(index_slots[k], idx[k]);
   void* s = b.output(kForwardScores, size_t(scores_numel) * 4, false, opt->poison);
@@ -136,10 +155,13 @@ int emu_forward(int surface, int dtype, const int64_t* sizes, int64_t dim, const
 
 // One gradient (to_query: grad_queries, else grad_documents) of one surface; grad has the
 // numel and dtype of queries / documents. owner_pairs / owner_pair_offsets: the packed
-// surface's pairs_by_* and *_pair_offsets for that gradient (absent otherwise).
-int emu_backward(int surface, int dtype, int to_query, const int64_t* sizes, int64_t dim,
-                 const void* queries, int64_t queries_numel, const void* documents,
-                 int64_t documents_numel, const float* grad_scores, int64_t num_pairs,
+// surface's pairs_by_* and *_pair_offsets for that gradient (absent otherwise). Compressed
+// documents (doc_format, document_scales as for emu_forward) have grad_queries only; asking
+// for their grad_documents is an error, as in the glue.
+int emu_backward(int surface, int dtype, int doc_format, int to_query, const int64_t* sizes,
+                 int64_t dim, const void* queries, int64_t queries_numel, const void* documents,
+                 int64_t documents_numel, const float* document_scales, int64_t scales_numel,
+                 const float* grad_scores, int64_t num_pairs,
                  const int32_t* argmax, int64_t argmax_width, const EmuIndex* idx,
                  EmuIndex owner_pairs, EmuIndex owner_pair_offsets, void* grad, int64_t grad_numel,
                  const EmuOptions* opt, char* err, int errlen) {
@@ -147,34 +169,41 @@ int emu_backward(int surface, int dtype, int to_query, const int64_t* sizes, int
   int64_t s2[4] = {sizes[0], sizes[1], sizes[2], sizes[3]};
   if (surface == kMaxsimPacked) s2[2] = argmax_width;  // the saved argmax's width
   const MaxsimParams prm = params_for(surface, s2, dim, idx, true);
-  const Launch l = plan_backward(MaxsimSurface(surface), Dtype(dtype), to_query != 0, prm,
-                                 arg_of(owner_pairs), arg_of(owner_pair_offsets));
+  if (is_compressed(DocFormat(doc_format)) && !to_query)
+    return finish("compressed documents get no gradient", err, errlen);
+  const Launch l = plan_backward(MaxsimSurface(surface), Dtype(dtype), DocFormat(doc_format),
+                                 to_query != 0, prm, arg_of(owner_pairs), arg_of(owner_pair_offsets));
   Buffers b(kBackwardSlots);
   const size_t es = element_size(dtype);
   b.input(kBackwardParams, &l.params, sizeof(MaxsimParams));
   b.input(kBackwardQueries, queries, size_t(queries_numel) * es);
-  b.input(kBackwardDocuments, documents, size_t(documents_numel) * es);
+  b.input(kBackwardDocuments, documents, size_t(documents_numel) * document_element_size(dtype, doc_format));
+  b.floats(kBackwardDocumentScales, document_scales, scales_numel);
   b.input(kBackwardGradScores, grad_scores, size_t(num_pairs) * 4);
   b.input(kBackwardArgmax, argmax, size_t(num_pairs * argmax_width) * 4);
   const int index_slots[4] = {kBackwardIndex0, kBackwardIndex1, kBackwardIndex2, kBackwardIndex3};
   for (int k = 0; k < 4; ++k) b.index(index_slots[k], idx[k]);
   b.index(kBackwardOwnerPairs, owner_pairs);
   b.index(kBackwardOwnerPairOffsets, owner_pair_offsets);
+  // grad_queries has the queries' dtype; grad_documents (float documents only) theirs, the same
   void* g = b.output(kBackwardGrad, size_t(grad_numel) * es, l.zero_output, opt->poison);
   const int rc = launch(l, b, *opt, err, errlen);
   if (grad_numel) std::memcpy(grad, g, size_t(grad_numel) * es);
   return rc;
 }
 
-// The plan's threadgroup bytes etc., for tests of the plan itself.
-int emu_plan(int surface, int dtype, int backward, int to_query, const int64_t* sizes, int64_t dim,
-             const EmuIndex* idx, int64_t* out /* groups x, y, threads, bytes, run, zero */) {
+// The plan's threadgroup bytes etc., for tests of the plan itself; the pipeline name goes
+// to name (name_len bytes, NUL-terminated).
+int emu_plan(int surface, int dtype, int doc_format, int backward, int to_query, const int64_t* sizes,
+             int64_t dim, const EmuIndex* idx, int64_t* out /* groups x, y, threads, bytes, run, zero */,
+             char* name, int name_len) {
   using namespace maxsim_metal;
   const MaxsimParams prm = params_for(surface, sizes, dim, idx, true);
   const EmuIndex none{nullptr, 0, 0, 0};
-  const Launch l = backward ? plan_backward(MaxsimSurface(surface), Dtype(dtype), to_query != 0, prm,
-                                            arg_of(none), arg_of(none))
-                            : plan_forward(MaxsimSurface(surface), Dtype(dtype), prm);
+  const Launch l = backward ? plan_backward(MaxsimSurface(surface), Dtype(dtype), DocFormat(doc_format),
+                                            to_query != 0, prm, arg_of(none), arg_of(none))
+                            : plan_forward(MaxsimSurface(surface), Dtype(dtype), DocFormat(doc_format), prm);
+  std::snprintf(name, size_t(name_len), "%s", l.kernel.c_str());
   out[0] = l.groups[0];
   out[1] = l.groups[1];
   out[2] = l.threads;

@@ -1,5 +1,7 @@
 // ThreadSanitizer check of the Metal kernels: every entry point (forward with argmax, both
-// gradients, four surfaces) on small ragged inputs, each GPU thread a real thread, so
+// gradients, four surfaces; float32 documents, and int8 / float8 e4m3fn documents with their
+// per-row scales for the forward and grad_queries) on small ragged inputs, each GPU thread
+// a real thread, so
 // TSan sees every threadgroup-memory access and the barriers' happens-before edges. Each
 // launch runs twice, with two poison patterns, and must give identical bits. Exit status:
 // 0 clean, 1 mismatch or emulator error (TSan's own reports exit with TSAN_OPTIONS's
@@ -26,6 +28,43 @@ std::vector<float> random_rows(int64_t n) {
 
 EmuIndex index_of(const std::vector<int64_t>& v) { return {v.data(), int64_t(v.size()), 1, 1}; }
 
+// Documents as a kernel reads them: float32 rows (format 0), or compressed rows of one byte
+// per element with one float32 scale per row.
+struct Documents {
+  int format;
+  const void* data;
+  int64_t numel;
+  const float* scales;
+  int64_t scales_numel;
+};
+
+constexpr int kInt8 = 1, kFloat8E4M3 = 2;  // maxsim_metal::DocFormat
+
+// Byte copies of float32 rows in a compressed format: int8 values v / s rounded, and e4m3fn
+// bytes of the same (a fixed pattern is enough: the check is about races, not values).
+struct Compressed {
+  std::vector<unsigned char> bytes;
+  std::vector<float> scales;
+};
+Compressed compress(const std::vector<float>& rows, int64_t dim, int format) {
+  Compressed c;
+  const int64_t n = dim > 0 ? int64_t(rows.size()) / dim : 0;
+  c.scales.resize(size_t(n));
+  c.bytes.resize(rows.size());
+  for (int64_t r = 0; r < n; ++r) {
+    c.scales[size_t(r)] = 0.01f * float(r % 7 + 1);
+    for (int64_t k = 0; k < dim; ++k) {
+      const float v = rows[size_t(r * dim + k)] * 40.0f;
+      const int iv = v > 127.0f ? 127 : v < -127.0f ? -127 : int(v);
+      // e4m3fn: sign, exponent 1..14, any mantissa (never the NaN pattern)
+      const unsigned char fp8 = (unsigned char)(((iv < 0) << 7) | ((1 + (iv & 0x7f) % 14) << 3) | (iv & 7));
+      c.bytes[size_t(r * dim + k)] = format == kInt8 ? (unsigned char)(signed char)iv : fp8;
+    }
+  }
+  return c;
+}
+
+
 template <class Run> void twice(const char* what, Run&& run) {
   char err[2048] = {0};
   std::vector<unsigned char> a, b;
@@ -41,15 +80,16 @@ template <class Run> void twice(const char* what, Run&& run) {
   }
 }
 
-void check_surface(int surface, const int64_t* sizes, int64_t dim, const std::vector<float>& q,
-                   const std::vector<float>& d, const EmuIndex* idx, int64_t pairs, int64_t width,
-                   const std::vector<int64_t>* qlists, const std::vector<int64_t>* dlists) {
+void check_documents(int surface, const int64_t* sizes, int64_t dim, const std::vector<float>& q,
+                     const Documents& d, const EmuIndex* idx, int64_t pairs, int64_t width,
+                     const std::vector<int64_t>* qlists, const std::vector<int64_t>* dlists) {
   std::vector<float> scores(static_cast<size_t>(pairs));
   std::vector<int32_t> argmax(static_cast<size_t>(pairs * width));
   char err[2048] = {0};
   const EmuOptions o{0, 0, 0, 1};
-  if (emu_forward(surface, 0, sizes, dim, q.data(), int64_t(q.size()), d.data(), int64_t(d.size()), idx,
-                  1, scores.data(), pairs, argmax.data(), pairs * width, &o, err, sizeof err)) {
+  if (emu_forward(surface, 0, d.format, sizes, dim, q.data(), int64_t(q.size()), d.data, d.numel,
+                  d.scales, d.scales_numel, idx, 1, scores.data(), pairs, argmax.data(), pairs * width,
+                  &o, err, sizeof err)) {
     std::printf("FAIL forward surface %d: %s\n", surface, err);
     ++failures;
     return;
@@ -57,32 +97,49 @@ void check_surface(int surface, const int64_t* sizes, int64_t dim, const std::ve
   twice("forward", [&](const EmuOptions& opt, std::vector<unsigned char>* out, char* e) {
     std::vector<float> s(static_cast<size_t>(pairs));
     std::vector<int32_t> a(static_cast<size_t>(pairs * width));
-    const int rc = emu_forward(surface, 0, sizes, dim, q.data(), int64_t(q.size()), d.data(),
-                               int64_t(d.size()), idx, 1, s.data(), pairs, a.data(), pairs * width,
-                               &opt, e, 2048);
+    const int rc = emu_forward(surface, 0, d.format, sizes, dim, q.data(), int64_t(q.size()), d.data,
+                               d.numel, d.scales, d.scales_numel, idx, 1, s.data(), pairs, a.data(),
+                               pairs * width, &opt, e, 2048);
     out->resize(s.size() * 4 + a.size() * 4);
     std::memcpy(out->data(), s.data(), s.size() * 4);
     std::memcpy(out->data() + s.size() * 4, a.data(), a.size() * 4);
     return rc;
   });
   const std::vector<float> g = random_rows(pairs);
-  for (int to_query = 1; to_query >= 0; --to_query) {
+  // compressed documents have grad_queries only
+  for (int to_query = 1; to_query >= (d.format ? 1 : 0); --to_query) {
     const std::vector<int64_t>* lists = to_query ? qlists : dlists;
     const EmuIndex none{nullptr, 0, 0, 0};
     const EmuIndex pairs_by = lists ? index_of(lists[0]) : none;
     const EmuIndex pair_offsets = lists ? index_of(lists[1]) : none;
-    const size_t n = to_query ? q.size() : d.size();
+    const size_t n = to_query ? q.size() : size_t(d.numel);
     twice(to_query ? "grad_queries" : "grad_documents",
           [&](const EmuOptions& opt, std::vector<unsigned char>* out, char* e) {
             std::vector<float> grad(n);
-            const int rc = emu_backward(surface, 0, to_query, sizes, dim, q.data(), int64_t(q.size()),
-                                        d.data(), int64_t(d.size()), g.data(), pairs, argmax.data(),
-                                        width, idx, pairs_by, pair_offsets, grad.data(), int64_t(n),
-                                        &opt, e, 2048);
+            const int rc = emu_backward(surface, 0, d.format, to_query, sizes, dim, q.data(),
+                                        int64_t(q.size()), d.data, d.numel, d.scales, d.scales_numel,
+                                        g.data(), pairs, argmax.data(), width, idx, pairs_by,
+                                        pair_offsets, grad.data(), int64_t(n), &opt, e, 2048);
             out->resize(n * 4);
             std::memcpy(out->data(), grad.data(), n * 4);
             return rc;
           });
+  }
+}
+
+// The surface with float32 documents, then with the same documents as int8 and as e4m3fn.
+void check_surface(int surface, const int64_t* sizes, int64_t dim, const std::vector<float>& q,
+                   const std::vector<float>& d, const EmuIndex* idx, int64_t pairs, int64_t width,
+                   const std::vector<int64_t>* qlists, const std::vector<int64_t>* dlists) {
+  check_documents(surface, sizes, dim, q, {0, d.data(), int64_t(d.size()), nullptr, 0}, idx, pairs,
+                  width, qlists, dlists);
+  for (int format : {kInt8, kFloat8E4M3}) {
+    std::printf("%s documents\n", format == kInt8 ? "int8" : "e4m3fn");
+    const Compressed c = compress(d, dim, format);
+    check_documents(surface, sizes, dim, q,
+                    {format, c.bytes.data(), int64_t(c.bytes.size()), c.scales.data(),
+                     int64_t(c.scales.size())},
+                    idx, pairs, width, qlists, dlists);
   }
 }
 

@@ -21,17 +21,21 @@ struct EmuOptions {
   int real_threads;   // 1: std::thread per GPU thread (ThreadSanitizer)
 };
 
-// surface: MaxsimSurface; sizes: see params_for() in emu_ops.cpp.
-int emu_forward(int surface, int dtype, const int64_t* sizes, int64_t dim, const void* queries,
-                int64_t queries_numel, const void* documents, int64_t documents_numel,
+// surface: MaxsimSurface; dtype: maxsim_metal::Dtype of the queries; doc_format:
+// maxsim_metal::DocFormat, with document_scales (scales_numel float32, one per document row)
+// for compressed documents and null otherwise; sizes: see params_for() in emu_ops.cpp.
+int emu_forward(int surface, int dtype, int doc_format, const int64_t* sizes, int64_t dim,
+                const void* queries, int64_t queries_numel, const void* documents,
+                int64_t documents_numel, const float* document_scales, int64_t scales_numel,
                 const EmuIndex* idx, int with_argmax, float* scores, int64_t scores_numel,
                 int32_t* argmax, int64_t argmax_numel, const EmuOptions* opt, char* err, int errlen);
 
-int emu_backward(int surface, int dtype, int to_query, const int64_t* sizes, int64_t dim,
-                 const void* queries, int64_t queries_numel, const void* documents,
-                 int64_t documents_numel, const float* grad_scores, int64_t num_pairs,
-                 const int32_t* argmax, int64_t argmax_width, const EmuIndex* idx,
-                 EmuIndex owner_pairs, EmuIndex owner_pair_offsets, void* grad, int64_t grad_numel,
-                 const EmuOptions* opt, char* err, int errlen);
+int emu_backward(int surface, int dtype, int doc_format, int to_query, const int64_t* sizes,
+                 int64_t dim, const void* queries, int64_t queries_numel, const void* documents,
+                 int64_t documents_numel, const float* document_scales, int64_t scales_numel,
+                 const float* grad_scores, int64_t num_pairs, const int32_t* argmax,
+                 int64_t argmax_width, const EmuIndex* idx, EmuIndex owner_pairs,
+                 EmuIndex owner_pair_offsets, void* grad, int64_t grad_numel, const EmuOptions* opt,
+                 char* err, int errlen);
 
 }  // extern "C"
