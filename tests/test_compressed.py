@@ -1,0 +1,285 @@
+"""Compressed documents (int8 / float8_e4m3fn values, one float32 scale per token) on every
+surface and form of every built backend, against the float64 reference on the dequantised
+documents.
+
+The contract: a similarity is scale_j * (q_i . v_j), the products exact (both formats are exact
+in float16 and bfloat16) and summed in float32, the scale applied before the max. So a score
+differs from the float64 score of the dequantised documents by at most
+    (D + Lq + 2) * 2^-23 * sum_i max_j |s_j| (|q_i| . |v_j|)
+(D products and a scale multiply per similarity, Lq additions per score, each rounding at most
+2^-24 relative; a max moves by at most its inputs' error); test_error_within_stated_bound checks
+that bound, the rest use the suite's usual tolerances.
+"""
+import dataclasses
+
+import pytest
+import torch
+
+from conftest import (
+    SURFACES, assert_argmax, assert_grads, assert_scores, expected_grads, make_case, make_padded,
+    unit,
+)
+
+FORMATS = ("int8", "float8_e4m3fn")
+QUERY_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+FORMS = ("", "_with_argmax", "_train")
+
+
+def compress(ms, case, fmt, query_dtype):
+    """(call_case, scales, expect_case): the case with compressed documents and queries of
+    query_dtype, and the same case with the dequantised documents in float64 for expectations."""
+    values, scales = ms.quantize_documents(case.documents.float(), fmt)
+    queries = case.queries.to(query_dtype)
+    deq = values.cpu().double() * scales.cpu().double().unsqueeze(-1)
+    expect = dataclasses.replace(case, queries=queries, documents=deq.to(case.queries.device))
+    return dataclasses.replace(case, queries=queries, documents=values), scales, expect
+
+
+def call(ms, case, scales, form=""):
+    return getattr(ms, case.fn + form)(*case.args(), **case.kwargs(), document_scales=scales)
+
+
+# ---- quantize_documents / dequantize_documents --------------------------------------------
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_quantize_round_trip(cpu_kernel, fmt, rng):
+    ms = cpu_kernel
+    d = unit(rng, 4, 6, 40) * (1 + 9 * torch.rand(4, 6, 1, generator=rng))
+    values, scales = ms.quantize_documents(d, fmt)
+    assert values.dtype == getattr(torch, fmt) and values.shape == d.shape
+    assert scales.dtype == torch.float32 and scales.shape == d.shape[:-1]
+    back = ms.dequantize_documents(values, scales, torch.float64)
+    assert back.dtype == torch.float64
+    err = (back - d.double()).abs()
+    if fmt == "int8":  # round to nearest: half a step, one step being the scale
+        assert (values.abs() <= 127).all() and values.abs().amax(-1).eq(127).all()
+        assert (err <= scales.double().unsqueeze(-1) * 0.5 * (1 + 1e-6)).all()
+    else:  # 3 mantissa bits: relative 2^-4 for normals, the subnormal step 2^-9 * scale below
+        bound = d.double().abs() * 2 ** -4 + scales.double().unsqueeze(-1) * 2 ** -10
+        assert (err <= bound * (1 + 1e-6)).all()
+
+
+def test_quantize_special_tokens(cpu_kernel):
+    ms = cpu_kernel
+    d = torch.tensor([[0.0, 0.0, 0.0], [1.0, float("nan"), 0.0], [float("inf"), 1.0, 0.0],
+                      [1.0, -2.0, 0.5]])
+    for fmt in FORMATS:
+        values, scales = ms.quantize_documents(d, fmt)
+        assert scales[0] == 0 and (values[0].float() == 0).all()
+        assert torch.isnan(scales[1]) and torch.isnan(scales[2])
+        assert (values[1:3].float() == 0).all()
+        assert torch.isfinite(values[3].float()).all()
+
+
+def test_quantize_errors(cpu_kernel):
+    ms = cpu_kernel
+    d = torch.randn(3, 8)
+    with pytest.raises(ValueError, match="format must be 'int8' or 'float8_e4m3fn'"):
+        ms.quantize_documents(d, "int4")
+    with pytest.raises(ValueError, match="format"):
+        ms.quantize_documents(d, torch.float8_e5m2)
+    with pytest.raises(TypeError, match="documents to quantise must be float"):
+        ms.quantize_documents(d.to(torch.int8), "int8")
+    v, s = ms.quantize_documents(d, torch.int8)
+    with pytest.raises(ValueError, match="scales must have shape"):
+        ms.dequantize_documents(v, s[:2])
+    with pytest.raises(TypeError, match="scales must be a float32"):
+        ms.dequantize_documents(v, s.double())
+
+
+# ---- every surface, form, format and query dtype -------------------------------------------
+
+@pytest.mark.parametrize("query_dtype", QUERY_DTYPES, ids=str)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("surface", SURFACES)
+def test_scores_and_argmax(device, surface, fmt, query_dtype, rng):
+    ms, dev = device
+    case = make_case(surface, rng, n=4, Lq=11, Ld=70, D=40, device=dev)
+    run, scales, expect = compress(ms, case, fmt, query_dtype)
+    scores = call(ms, run, scales)
+    both, argmax = call(ms, run, scales, "_with_argmax")
+    assert torch.equal(scores, both)
+    assert_scores(scores, expect, input_dtype=query_dtype)
+    assert_argmax(argmax, expect)
+    # the references take the compressed form too, with the same result
+    ref = getattr(ms, case.fn + "_reference")(
+        *dataclasses.replace(run, queries=run.queries.double()).to("cpu").args(),
+        **run.kwargs(), document_scales=scales.cpu())
+    assert_scores(ref, expect.to("cpu"), input_dtype=torch.float64)
+
+
+@pytest.mark.parametrize("query_dtype", QUERY_DTYPES, ids=str)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("surface", SURFACES)
+def test_query_gradient(device, surface, fmt, query_dtype, rng):
+    ms, dev = device
+    case = make_case(surface, rng, n=4, Lq=9, Ld=50, D=24, device=dev)
+    run, scales, expect = compress(ms, case, fmt, query_dtype)
+    q = run.queries.detach().clone().requires_grad_()
+    scores = call(ms, dataclasses.replace(run, queries=q), scales, "_train")
+    g = unit(rng, *case.score_shape).to(dev)
+    scores.backward(g.to(scores.dtype))
+    inference, argmax = call(ms, run, scales, "_with_argmax")
+    assert torch.equal(scores.detach(), inference)
+    eq, _, bq, _ = expected_grads(expect, g, argmax)
+    assert_grads(q.grad, eq, bq, query_dtype)
+    assert q.grad.abs().sum() > 0
+    # the backward references take the compressed form and give no document gradient
+    r = dataclasses.replace(run, queries=run.queries.double()).to("cpu")
+    gq_ref, gd_ref = getattr(ms, case.fn + "_backward_reference")(
+        g.double().cpu(), *r.args(), argmax.cpu(), document_scales=scales.cpu())
+    assert gd_ref is None
+    assert_grads(gq_ref, eq, bq, torch.float64)
+
+
+@pytest.mark.parametrize("dim", (1, 8, 33, 96, 128, 136, 264))
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_dims_and_stated_bound(device, fmt, dim, rng):
+    """Odd and large dims, and the error bound of the module docstring."""
+    ms, dev = device
+    case = make_case("padded", rng, n=3, Lq=33, Ld=75, D=dim, device=dev)
+    for query_dtype in QUERY_DTYPES:
+        run, scales, expect = compress(ms, case, fmt, query_dtype)
+        scores, argmax = call(ms, run, scales, "_with_argmax")
+        assert_argmax(argmax, expect)
+        ref = expect.reference()[0]
+        absolute = dataclasses.replace(expect, queries=expect.queries.double().abs(),
+                                       documents=expect.documents.abs()).reference()[0]
+        finite = torch.isfinite(ref)
+        bound = (dim + run.queries.shape[1] + 2) * 2.0 ** -23 * absolute
+        err = (scores.cpu().double() - ref).abs()
+        assert (err[finite] <= bound[finite]).all(), (err[finite] - bound[finite]).max()
+        assert torch.equal(torch.isinf(scores.cpu()), torch.isinf(ref))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("surface", SURFACES)
+def test_ties_resolve_exactly(device, surface, fmt, rng):
+    """Values on a lattice whose every similarity is exact: scores and argmax bitwise equal
+    to the reference, ties (plentiful) to the lowest token."""
+    ms, dev = device
+    case = make_case(surface, rng, n=4, Lq=10, Ld=40, D=12, device=dev)
+    lattice = torch.randint(-3, 4, case.documents.shape, generator=rng).to(dev)
+    if fmt == "int8":
+        values, scales = lattice.to(torch.int8), torch.full(case.documents.shape[:-1], 0.25, device=dev)
+    else:
+        values, scales = (lattice / 4).to(torch.float8_e4m3fn), torch.ones(case.documents.shape[:-1], device=dev)
+    q = (torch.randint(-3, 4, case.queries.shape, generator=rng) / 4).to(dev)
+    run = dataclasses.replace(case, queries=q, documents=values)
+    expect = dataclasses.replace(case, queries=q, documents=(values.double() * scales.double().unsqueeze(-1)))
+    for query_dtype in QUERY_DTYPES:
+        r = dataclasses.replace(run, queries=q.to(query_dtype))
+        scores, argmax = call(ms, r, scales, "_with_argmax")
+        assert_scores(scores, expect, input_dtype=query_dtype, exact=True)
+        assert_argmax(argmax, expect, exact=True)
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_float8_nan_bytes(device, surface, rng):
+    """e4m3fn's NaN encodings (0x7f, 0xff) decode to NaN: the pairs that see them score NaN,
+    and the argmax points at the first NaN, as for float documents."""
+    ms, dev = device
+    case = make_case(surface, rng, n=3, Lq=6, Ld=30, D=20, device=dev)
+    values, scales = ms.quantize_documents(case.documents.float(), "float8_e4m3fn")
+    bits = values.view(torch.uint8).clone()
+    rows = bits.view(-1, bits.shape[-1])
+    if rows.shape[0] > 0:
+        rows[torch.randint(0, rows.shape[0], (3,), generator=rng).to(dev), 5] = 0x7F
+        rows[torch.randint(0, rows.shape[0], (2,), generator=rng).to(dev), 7] = 0xFF
+    values = bits.view(torch.float8_e4m3fn)
+    expect = dataclasses.replace(case, documents=values.double() * scales.double().unsqueeze(-1))
+    scores, argmax = call(ms, dataclasses.replace(case, documents=values), scales, "_with_argmax")
+    assert_scores(scores, expect)
+    assert_argmax(argmax, expect)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_empty_and_degenerate(device, fmt, rng):
+    ms, dev = device
+    # empty queries (score 0), empty documents (-inf), zero tokens (scale 0), all at once
+    case = make_padded(rng, 3, 4, 5, 6, 16, device=dev, q_lens=[0, 5, 2],
+                       d_lens=[[6, 0, 3, 1], [0, 0, 6, 2], [6, 6, 0, 1]])
+    case.documents[1, 2, 3] = 0
+    run, scales, expect = compress(ms, case, fmt, torch.float32)
+    for form in FORMS[:2]:
+        out = call(ms, run, scales, form)
+        scores = out if form == "" else out[0]
+        assert_scores(scores, expect)
+    # zero-size tensors
+    q = torch.randn(0, 7, 16, device=dev)
+    values, scales = ms.quantize_documents(torch.randn(0, 16, device=dev), fmt)
+    offsets = torch.zeros(1, dtype=torch.int64, device=dev)
+    assert ms.score_contrastive(q, values, offsets, document_scales=scales).shape == (0, 0)
+
+
+def test_deterministic(device, rng):
+    ms, dev = device
+    case = make_case("contrastive", rng, n=8, Lq=20, Ld=120, D=64, device=dev)
+    for fmt in FORMATS:
+        run, scales, _ = compress(ms, case, fmt, torch.float16)
+        a = call(ms, run, scales, "_with_argmax")
+        b = call(ms, run, scales, "_with_argmax")
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_compiled(device, surface, rng):
+    """torch.compile(fullgraph=True) traces the compressed calls through the fake kernels."""
+    ms, dev = device
+    case = make_case(surface, rng, n=3, Lq=7, Ld=19, D=32, device=dev)
+    if surface == "packed":
+        case.max_q_len = case.argmax_width + 2
+    run, scales, _ = compress(ms, case, "int8", torch.float32)
+    fn = getattr(ms, case.fn + "_with_argmax")
+    compiled = torch.compile(lambda *a, **k: fn(*a, **k), fullgraph=True, backend="aot_eager")
+    eager = fn(*run.args(), **run.kwargs(), document_scales=scales)
+    traced = compiled(*run.args(), **run.kwargs(), document_scales=scales)
+    assert torch.equal(eager[0], traced[0]) and torch.equal(eager[1], traced[1])
+
+
+# ---- bad input ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_errors(device, surface, rng):
+    ms, dev = device
+    case = make_case(surface, rng, n=3, Lq=5, Ld=9, D=16, device=dev)
+    values, scales = ms.quantize_documents(case.documents.float(), "int8")
+    run = dataclasses.replace(case, documents=values)
+    fn = getattr(ms, case.fn)
+
+    def raises(exc, match, c=run, **kw):
+        with pytest.raises(exc, match=match):
+            fn(*c.args(), **c.kwargs(), **kw)
+
+    raises(ValueError, "pass their per-token scales as document_scales")
+    raises(ValueError, "document_scales is only for int8 / float8_e4m3fn", c=case, document_scales=scales)
+    raises(TypeError, "document_scales must be float32", document_scales=scales.double())
+    raises(ValueError, "document_scales must have shape", document_scales=scales.reshape(-1)[1:])
+    raises(TypeError, "document_scales must be a torch.Tensor", document_scales=1.0)
+    e5m2 = dataclasses.replace(case, documents=case.documents.to(torch.float8_e5m2))
+    raises(TypeError, "float8 documents must be torch.float8_e4m3fn", c=e5m2, document_scales=scales)
+    q64 = dataclasses.replace(run, queries=run.queries.double())
+    raises(TypeError, "compressed documents pair with float16, bfloat16 or float32 queries", c=q64,
+           document_scales=scales)
+    fp8 = dataclasses.replace(case, documents=values.float().to(torch.float8_e4m3fn).requires_grad_())
+    raises(ValueError, "frozen storage", c=fp8, document_scales=scales)
+    raises(ValueError, "frozen storage", document_scales=scales.clone().requires_grad_())
+    if dev.type != "cpu":
+        raises(ValueError, "document_scales is on", document_scales=scales.cpu())
+
+
+def test_op_refuses_document_gradient(cpu_kernel, rng):
+    """Below the Python layer too: a backward op asked for grad_documents of compressed
+    documents raises instead of writing anything."""
+    from conftest import load_kernel  # noqa: F401  (the module is loaded by the fixture)
+    ms = cpu_kernel
+    case = make_padded(rng, 2, 3, 4, 5, 8)
+    values, scales = ms.quantize_documents(case.documents, "int8")
+    ops = ms._ops.ops
+    _, argmax = ops.padded_forward(case.queries, values, case.query_lengths, case.doc_lengths, True, scales)
+    g = torch.ones(2, 3)
+    with pytest.raises(RuntimeError, match="compressed documents get no gradient"):
+        ops.padded_backward(g, case.queries, values, case.query_lengths, case.doc_lengths, argmax,
+                            True, True, scales)
+    with pytest.raises(RuntimeError, match="need document_scales"):
+        ops.padded_forward(case.queries, values, case.query_lengths, case.doc_lengths, True, None)
