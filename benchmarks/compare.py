@@ -4,6 +4,7 @@
     python3 benchmarks/compare.py --device cpu                      # CPU rerank table, fp32 + bf16
     python3 benchmarks/compare.py --device cuda --workloads all --json out.json
     python3 benchmarks/compare.py --device cpu --workloads Rerank,Contrastive --dtype float32 --iters 20
+    python3 benchmarks/compare.py --device cpu --workloads SingleQueryRerank --documents plain,int8,float8_e4m3fn
     python3 benchmarks/render_tables.py --json out.json            # the README tables
 
 Implementations (each wrapped so a failure is reported as n/a with its reason):
@@ -17,6 +18,33 @@ Implementations (each wrapped so a failure is reported as n/a with its reason):
           copied next to its document (the copy is made before timing), flash_maxsim_batched
           [_train] with padded documents).
   Both peers are Triton packages: they run on CUDA only.
+
+Compressed documents (--documents; CUDA default: plain, int8 and float8_e4m3fn on the
+workloads workloads.COMPRESSED names, plain elsewhere; CPU default: plain). A compressed row
+scores the same float documents as the plain row before it, quantised once with
+maxsim.quantize_documents (one float32 scale per token) before any timing, the queries in
+the row's dtype. Implementations:
+- maxsim: the same entry point with document_scales=.
+- naive: the documents read back in the query dtype (values * scales, in the timed call),
+         then as above.
+- LIK-fp8: late_interaction_kernels.fp8.maxsim_inference_fp8 (float8 rows), documents AND
+         queries quantised per token with its quantize_fp8_per_token: both operands fp8, so
+         its scores differ from maxsim's by the queries' quantisation too.
+- FM-int8, FM-int8-affine: flash_maxsim_int8_symmetric / flash_maxsim_int8 (int8 rows), the
+         documents quantised by its quantize_int8_symmetric (int8, fp16 scale) /
+         quantize_int8 (uint8, fp16 scale and minimum), queries in float16.
+  The peers' compressed entry points take one query against a padded batch of documents
+  (FM) or every query against every document (LIK): a padded rerank with B > 1 queries is a
+  Python loop of B calls (each query against its own candidates), corpus scoring with FM a
+  loop over the queries; their result says so in "note". They have no packed form (n/a).
+A compressed row's bytes are what the call moves: values + scales + queries + the float32
+scores. It also holds documents (the format), document_bytes_per_token, plain_ms and
+plain_graph_ms (maxsim's times on the plain row: the same documents in the query dtype),
+maxsim_over_plain / maxsim_graph_over_plain (time ratios) and max_err_vs_plain (largest
+score change from quantisation on these random inputs). Every row holds copy_ms (its bytes
+at the measured copy bandwidth) and every implementation of_copy / graph_of_copy
+(copy_ms / time: the fraction of copy bandwidth reached). Plain rows hold documents = their
+dtype.
 
 Every implementation gets the same inputs (benchmarks/workloads.py). Training rows time
 forward + backward of (scores * g).sum(). Scores are checked against maxsim's ("max err").
@@ -58,7 +86,7 @@ forward FLOPs too). "of floor" = floor / maxsim time.
 JSON (--json): info (run metadata: device, device_name, torch, cuda, date, git_commit,
 git_dirty, peer versions, iters, warmup, graph), floors (copy_bytes_per_s,
 matmul_flops_per_s per dtype: what the floors were computed from), results (one per
-workload, layout, dtype) and table (the printed Markdown). A result row holds bytes, flops,
+workload, layout, dtype and document format) and table (the printed Markdown). A result row holds bytes, flops,
 floor_ms, the maxsim summary (maxsim_GBps, maxsim_TFLOPs, of_floor: eager; graph_of_floor:
 GPU-only) and impls.<name>, either {"na": reason} or ms, min_ms, max_err, peak_bytes, plus
 for every implementation:
@@ -94,6 +122,11 @@ import workloads as W  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 IMPLS = ("maxsim", "naive", "LIK", "FM")
+# Implementations of a compressed-documents row, and the formats each one takes. --impls
+# names them by their package (LIK, FM), or by these names.
+COMPRESSED_IMPLS = {"maxsim": ("int8", "float8_e4m3fn"), "naive": ("int8", "float8_e4m3fn"),
+                    "LIK-fp8": ("float8_e4m3fn",), "FM-int8": ("int8",),
+                    "FM-int8-affine": ("int8",)}
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 RERANK = ("SmallRerank", "Rerank", "HeavyRerank", "LongDocStress", "ColPaliRerank")
 
@@ -188,8 +221,90 @@ def fm_fn(x: W.Inputs):
                                            query_lengths=x.query_lengths)
 
 
+class NoEntryPoint(RuntimeError):
+    """The package has no entry point for this surface."""
+
+
+def _per_query_note(calls):
+    return f"per-query loop ({calls} calls)" if calls > 1 else None
+
+
+def lik_fp8_fn(x: W.Inputs):
+    """late-interaction-kernels' fp8 inference: (callable, note). Both operands fp8."""
+    from late_interaction_kernels.fp8 import maxsim_inference_fp8, quantize_fp8_per_token
+    _cuda_only(x)
+    w, s, ragged = x.workload, x.shape, x.layout == "ragged"
+    Lq, Ld, D = s["Lq"], s["Ld"], w.dim
+    if w.surface == "packed":
+        raise NoEntryPoint("no packed fp8 entry point (padded [N, L, d] only)")
+    if w.surface == "padded":
+        B, C = s["B"], s["C"]
+        q8, sq = quantize_fp8_per_token(x.queries)                          # [B, Lq, D], [B, Lq]
+        d8, sd = quantize_fp8_per_token(x.documents.reshape(B * C, Ld, D))
+        d8, sd = d8.view(B, C, Ld, D), sd.view(B, C, Ld)
+        qm = W.valid_mask(x.query_lengths, Lq) if ragged else None
+        dm = W.valid_mask(x.doc_lengths, Ld) if ragged else None
+        # maxsim_inference_fp8 scores every query against every document: one call per
+        # query against its own C candidates (slices built here, outside the timed call).
+        calls = [dict(Q=q8[b:b + 1], D=d8[b], scale_Q=sq[b:b + 1], scale_D=sd[b],
+                      q_mask=None if qm is None else qm[b:b + 1],
+                      d_mask=None if dm is None else dm[b]) for b in range(B)]
+        if B == 1:
+            return (lambda: maxsim_inference_fp8(**calls[0]).view(1, C)), None
+        return (lambda: torch.cat([maxsim_inference_fp8(**c) for c in calls])), _per_query_note(B)
+    q8, sq = quantize_fp8_per_token(x.queries)
+    d8, sd = quantize_fp8_per_token(W.padded_documents(x))
+    qm = None if x.query_lengths is None else W.valid_mask(x.query_lengths, Lq)
+    dm = W.valid_mask(x.doc_lengths, Ld) if ragged else None
+    return (lambda: maxsim_inference_fp8(q8, d8, scale_Q=sq, scale_D=sd, q_mask=qm, d_mask=dm)), None
+
+
+def fm_int8_fn(x: W.Inputs, affine=False):
+    """flash-maxsim's int8 entry points: (callable, note). One query per call."""
+    import flash_maxsim as fm
+    _cuda_only(x)
+    w, s, ragged = x.workload, x.shape, x.layout == "ragged"
+    Lq, Ld = s["Lq"], s["Ld"]
+    if w.surface == "packed":
+        raise NoEntryPoint("no packed int8 entry point (one query x padded [B, Ld, d] only)")
+    quantize = fm.quantize_int8 if affine else fm.quantize_int8_symmetric
+    score = fm.flash_maxsim_int8 if affine else fm.flash_maxsim_int8_symmetric
+    # Query slices at their real lengths (the int8 entry points take no query length).
+    if w.surface == "padded":
+        q_len = x.query_lengths.tolist() if ragged else [Lq] * s["B"]
+        per_query = [(x.queries[b, :n], x.documents[b], x.doc_lengths[b] if ragged else None)
+                     for b, n in enumerate(q_len)]
+    else:
+        docs = W.padded_documents(x)
+        q_len = x.query_lengths.tolist() if x.query_lengths is not None else [Lq] * s["Nq"]
+        per_query = [(x.queries[n, :k], docs, x.doc_lengths if ragged else None)
+                     for n, k in enumerate(q_len)]
+    calls, quantized = [], {}
+    for q, d, dl in per_query:
+        key = id(d)   # corpus: every query shares one quantised copy
+        if key not in quantized:
+            quantized[key] = quantize(d)
+        calls.append((q, *quantized[key], dl))
+    if len(calls) == 1:
+        return (lambda: score(*calls[0]).unsqueeze(0)), None
+    return (lambda: torch.stack([score(*c) for c in calls])), _per_query_note(len(calls))
+
+
 def make_impl(name, x: W.Inputs, kernel):
     """A zero-argument callable returning the scores, or raises with the reason it can't run."""
+    return make_impl_noted(name, x, kernel)[0]
+
+
+def make_impl_noted(name, x: W.Inputs, kernel):
+    """(callable, note): note says how the call maps onto the implementation, or None."""
+    if name == "LIK-fp8":
+        return lik_fp8_fn(x)
+    if name in ("FM-int8", "FM-int8-affine"):
+        return fm_int8_fn(x, affine=name == "FM-int8-affine")
+    return make_plain_impl(name, x, kernel), None
+
+
+def make_plain_impl(name, x: W.Inputs, kernel):
     if name == "maxsim":
         leaves = W.train_leaves(x) if x.workload.train else None
         return lambda: W.maxsim_call(kernel, x, leaves)
@@ -333,6 +448,9 @@ def add_rates(row, r):
         r[prefix + unit] = work / (ms * 1e-3) / 1e12 if ms else None
         r[prefix + "of_floor"] = row["floor_ms"] / ms if ms else None
     r["eager_over_graph"] = r["ms"] / r["graph_ms"] if r.get("ms") and r.get("graph_ms") else None
+    if row.get("copy_ms") is not None:
+        for prefix, ms in (("", r.get("ms")), ("graph_", r.get("graph_ms"))):
+            r[prefix + "of_copy"] = row["copy_ms"] / ms if ms else None
 
 
 def _status_kib(field):
@@ -347,7 +465,10 @@ def cpu_child(spec: dict) -> dict:
     torch.set_num_threads(spec["threads"])
     w = W.WORKLOADS[spec["workload"]]
     x = W.build_inputs(w, "cpu", DTYPES[spec["dtype"]], spec["layout"])
-    kernel = load_kernel("cpu", spec["kernel"]) if spec["impl"] == "maxsim" else None
+    fmt = spec.get("documents")
+    kernel = load_kernel("cpu", spec["kernel"]) if spec["impl"] == "maxsim" or fmt else None
+    if fmt:
+        x = W.compress(x, kernel, fmt)
     fn = make_impl(spec["impl"], x, kernel)
     try:
         with open("/proc/self/clear_refs", "w") as f:
@@ -361,9 +482,9 @@ def cpu_child(spec: dict) -> dict:
     return {"peak_bytes": (after - before) * 1024, "method": method}
 
 
-def cpu_peak_bytes(workload, dtype, layout, impl, kernel_path):
+def cpu_peak_bytes(workload, dtype, layout, impl, kernel_path, documents=None):
     spec = dict(workload=workload, dtype=dtype, layout=layout, impl=impl, kernel=str(kernel_path),
-                threads=torch.get_num_threads())
+                threads=torch.get_num_threads(), documents=documents)
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
     out = subprocess.run([sys.executable, __file__, "--_child", json.dumps(spec)], env=env,
                          capture_output=True, text=True, timeout=600)
@@ -413,8 +534,31 @@ def rows_to_run(args):
             layouts = ["full", "ragged"] if args.layout == "both" else [args.layout]
         if w.surface == "packed":
             layouts = ["ragged"]
-        rows += [(w, dt, lay) for dt in dtypes for lay in layouts]
+        formats = [None]
+        if not w.train and (w.name in W.COMPRESSED or args.workloads not in ("all", "default")):
+            formats = document_formats(args.documents, device)
+        rows += [(w, dt, lay, fmt) for dt in dtypes for lay in layouts for fmt in formats]
     return rows
+
+
+def document_formats(spec, device):
+    """--documents -> [None (plain), format, ...] for a workload that takes compressed ones."""
+    if spec == "auto":
+        spec = "plain,int8,float8_e4m3fn" if device == "cuda" else "plain"
+    out = []
+    for name in spec.split(","):
+        if name not in ("plain", *W.DOCUMENT_FORMATS):
+            raise SystemExit(f"unknown --documents entry {name!r}; known: plain, "
+                             + ", ".join(W.DOCUMENT_FORMATS))
+        out.append(None if name == "plain" else name)
+    return out
+
+
+def compressed_impls(fmt, wanted):
+    """Implementations of a row with documents in format fmt, in order, filtered by --impls."""
+    def on(name):
+        return name in wanted or name.split("-")[0] in wanted
+    return [n for n, formats in COMPRESSED_IMPLS.items() if fmt in formats and on(n)]
 
 
 def run(args):
@@ -424,7 +568,7 @@ def run(args):
     plan = rows_to_run(args)
     graph = device == "cuda" and not args.no_graph
     kernel = load_kernel(device, args.kernel)
-    floors = measure_floors(device, sorted({dt for _, dt, _ in plan}))
+    floors = measure_floors(device, sorted({dt for _, dt, _, _ in plan}))
     bw = floors["copy_bytes_per_s"]
     print(f"device {device} ({torch.cuda.get_device_name() if device == 'cuda' else 'CPU, %d threads' % torch.get_num_threads()}), "
           f"torch {torch.__version__}; copy {bw / 1e9:.1f} GB/s, matmul "
@@ -434,20 +578,32 @@ def run(args):
         print(f"warning: load average {os.getloadavg()[0]:.1f}: other processes share the CPU, "
               "so the CPU times are not clean", flush=True)
     results = []
-    for w, dt, layout in plan:
+    plain = {}   # (workload, dtype, layout) -> the plain row's maxsim scores and row
+    for w, dt, layout, fmt in plan:
         x = W.build_inputs(w, device, DTYPES[dt], layout)
         row = dict(workload=w.name, surface=w.surface, train=w.train, layout=layout, dtype=dt,
-                   shape=x.shape, scale=w.cpu_scale if device == "cpu" else 1.0,
-                   bytes=x.bytes_in(), flops=x.useful_flops(), impls={})
+                   documents=fmt or dt, shape=x.shape, scale=w.cpu_scale if device == "cpu" else 1.0,
+                   impls={})
+        names = [n for n in IMPLS if n in args.impls]
+        try:
+            if fmt is not None:
+                names = compressed_impls(fmt, args.impls)
+                x = W.compress(x, kernel, fmt)   # once, outside every timed call
+        except Exception as e:  # noqa: BLE001 - no quantize_documents: every impl is n/a
+            names, why = [], _reason(e)
+            row["impls"] = {n: dict(na=why, **NO_GRAPH) for n in compressed_impls(fmt, args.impls)}
+        row.update(bytes=x.bytes_in(), flops=x.useful_flops(),
+                   document_bytes_per_token=x.document_bytes_per_token())
+        row["copy_ms"] = 1e3 * row["bytes"] / bw
         row["floor_ms"] = 1e3 * max(row["bytes"] / bw,
                                     row["flops"] / floors["matmul_flops_per_s"][dt])
         expected = None
-        for name in IMPLS:
-            if name not in args.impls:
-                continue
+        for name in names:
             r = {}
             try:
-                fn = make_impl(name, x, kernel)
+                fn, note = make_impl_noted(name, x, kernel)
+                if note:
+                    r["note"] = note
                 scores = fn()
                 sync(device)
                 if expected is None:
@@ -458,7 +614,7 @@ def run(args):
                 r["min_ms"] = min(times)
                 if not args.no_memory:
                     r["peak_bytes"] = cuda_peak_bytes(fn) if device == "cuda" else \
-                        cpu_peak_bytes(w.name, dt, layout, name, args.kernel)
+                        cpu_peak_bytes(w.name, dt, layout, name, args.kernel, fmt)
                 # After the memory measurement: the graph's pool must not count as peak.
                 r.update(graph_times(fn, args.warmup, args.iters, expected, graph_calls(r["ms"]))
                          if graph else NO_GRAPH)
@@ -467,18 +623,39 @@ def run(args):
                 r = dict(na=_reason(e), **NO_GRAPH)
             add_rates(row, r)
             row["impls"][name] = r
+        for r in row["impls"].values():
+            if "ms" not in r:
+                add_rates(row, r)
         m = row["impls"].get("maxsim", {})
         if "ms" in m:
             row["maxsim_GBps"] = row["bytes"] / (m["ms"] * 1e-3) / 1e9
             row["maxsim_TFLOPs"] = row["flops"] / (m["ms"] * 1e-3) / 1e12
             row["of_floor"] = m["of_floor"]  # add_rates computed it
         row["graph_of_floor"] = m.get("graph_of_floor")
+        key = (w.name, dt, layout)
+        if fmt is None:
+            plain[key] = (expected if "ms" in m else None, m)
+        else:
+            compare_with_plain(row, *plain.get(key, (None, {})), expected)
         results.append(row)
         print(progress_line(row), flush=True)
         del x
         if device == "cuda":
             torch.cuda.empty_cache()
     return floors, results
+
+
+def compare_with_plain(row, plain_scores, plain_maxsim, scores):
+    """A compressed row's maxsim times and scores against its plain row's (None where the
+    plain row did not run)."""
+    m = row["impls"].get("maxsim", {})
+    row["plain_ms"], row["plain_graph_ms"] = plain_maxsim.get("ms"), plain_maxsim.get("graph_ms")
+    row["maxsim_over_plain"] = m["ms"] / row["plain_ms"] if m.get("ms") and row["plain_ms"] else None
+    row["maxsim_graph_over_plain"] = (m["graph_ms"] / row["plain_graph_ms"]
+                                      if m.get("graph_ms") and row["plain_graph_ms"] else None)
+    row["max_err_vs_plain"] = (float((scores - plain_scores).abs().max())
+                               if scores is not None and plain_scores is not None
+                               and scores.numel() else None)
 
 
 def _ms(r, graph=False):
@@ -498,7 +675,17 @@ def _graph_measured(results):
 def progress_line(row):
     graph = _graph_measured([row])
     parts = [f"{n} {_ms(r, graph)}" for n, r in row["impls"].items()]
-    return f"  {row['workload']:<20} {row['layout']:<6} {row['dtype']:<8} " + "  ".join(parts)
+    return f"  {row['workload']:<20} {row['layout']:<6} {_dtype_cell(row):<8} " + "  ".join(parts)
+
+
+def _dtype_cell(row):
+    """The dtype, and the document format where the documents are compressed."""
+    docs = row.get("documents", row["dtype"])
+    return row["dtype"] if docs == row["dtype"] else f"{row['dtype']} / {docs} docs"
+
+
+def _ratio(x):
+    return "n/a" if x is None else f"{x:.2f}x"
 
 
 def _pct(x):
@@ -506,14 +693,17 @@ def _pct(x):
 
 
 def markdown(device, floors, results, impls):
-    ran = [n for n in impls if any("ms" in r["impls"].get(n, {}) for r in results)]
+    order = list(impls) + [n for n in COMPRESSED_IMPLS if n not in impls]
+    ran = [n for n in order if any("ms" in r["impls"].get(n, {}) for r in results)]
+    compressed = any(r.get("documents", r["dtype"]) != r["dtype"] for r in results)
     graph = _graph_measured(results)
     lines = []
     head = ["workload", "layout", "dtype"] + (["scale"] if device == "cpu" else []) + \
         [f"{n} ms eager / GPU-only" if graph else f"{n} ms (min)" for n in ran] + \
         ["naive / maxsim"] + [f"{n} peak" for n in ran] + \
         ["floor ms", "maxsim of floor" + (" eager / GPU-only" if graph else ""),
-         "maxsim GB/s", "maxsim TFLOP/s", "max err vs maxsim"]
+         "maxsim GB/s", "maxsim TFLOP/s", "max err vs maxsim"] + \
+        (["maxsim time vs plain docs" + (" eager / GPU-only" if graph else "")] if compressed else [])
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "|".join("---" for _ in head) + "|")
     for row in results:
@@ -525,7 +715,7 @@ def markdown(device, floors, results, impls):
         of_floor = _pct(row.get("of_floor"))
         if graph:
             of_floor += " / " + _pct(row.get("graph_of_floor"))
-        cells = [row["workload"], row["layout"], row["dtype"]]
+        cells = [row["workload"], row["layout"], _dtype_cell(row)]
         if device == "cpu":
             cells.append(f"{row['scale']:.3g}")
         cells += [_ms(im.get(n, {}), graph) for n in ran] + [speed]
@@ -535,16 +725,24 @@ def markdown(device, floors, results, impls):
                   f"{row['maxsim_GBps']:.1f}" if "maxsim_GBps" in row else "n/a",
                   f"{row['maxsim_TFLOPs']:.3f}" if "maxsim_TFLOPs" in row else "n/a",
                   f"{max(errs):.1e}" if errs else "n/a"]
+        if compressed:
+            ratio = _ratio(row.get("maxsim_over_plain"))
+            if graph:
+                ratio += " / " + _ratio(row.get("maxsim_graph_over_plain"))
+            cells.append(ratio if row.get("documents", row["dtype"]) != row["dtype"] else "")
         lines.append("| " + " | ".join(cells) + " |")
     reasons = {}
     for row in results:
         for n, r in row["impls"].items():
             if "na" in r:
                 reasons.setdefault(n, set()).add(r["na"])
+            elif r.get("note"):
+                reasons.setdefault(f"{n} call", set()).add(r["note"])
             elif r.get("graph_error"):
                 reasons.setdefault(f"{n} GPU-only", set()).add(r["graph_error"])
     for n, rs in reasons.items():
-        lines.append(f"\n{n}: n/a ({'; '.join(sorted(rs))})")
+        lines.append(f"\n{n}: " + ("" if n.endswith(" call") else "n/a ")
+                     + f"({'; '.join(sorted(rs))})")
     lines.append(f"\nfloors: copy {floors['copy_bytes_per_s'] / 1e9:.1f} GB/s; matmul "
                  + ", ".join(f"{k} {v / 1e12:.3f} TFLOP/s"
                              for k, v in floors["matmul_flops_per_s"].items()))
@@ -619,7 +817,11 @@ def main():
                    help="'auto' (CPU: float32,bfloat16; CUDA: the table's fp16/bf16) or a list")
     p.add_argument("--layout", default="table", choices=("table", "default", "full", "ragged", "both"),
                    help="table: padded rerank in both layouts, the rest as in the table")
-    p.add_argument("--impls", default=",".join(IMPLS))
+    p.add_argument("--impls", default=",".join(IMPLS),
+                   help="maxsim,naive,LIK,FM (LIK and FM also select their compressed entry points)")
+    p.add_argument("--documents", default="auto",
+                   help="plain and/or compressed formats (int8, float8_e4m3fn), comma-separated; "
+                        "'auto': CUDA all three on the compressed workloads, CPU plain")
     p.add_argument("--kernel", default=str(REPO), help="kernel repository (default: this one)")
     p.add_argument("--iters", type=int, default=None, help="timed calls (default: CUDA 50, CPU 10)")
     p.add_argument("--warmup", type=int, default=None, help="untimed calls first (CUDA 10, CPU 2)")

@@ -24,9 +24,15 @@ of (query, document) pairs kept; it is printed by compare.py and listed here:
     HeavyRerank     B 32 -> 4             1/8      BigBatch      64x64  -> 16x16   1/16
     LongDocStress   B  8 -> 2             1/4      ColPali       32x32  -> 8x8     1/16
     ColPaliRerank   B 16 -> 2             1/8      BigColBERT    512x512 -> 32x32  1/256
-    (*Packed: same as the padded one)              DocDoc        64x64  -> 4x4     1/256
-                                                   ColBERTCorpus 32x10000 -> 8x500   1/80
+    SingleQueryRerank C 1000 -> 200      1/5      DocDoc        64x64  -> 4x4     1/256
+    (*Packed: same as the padded one)              ColBERTCorpus 32x10000 -> 8x500   1/80
                                                    ColPaliCorpus 8x4096   -> 2x256   1/64
+
+Compressed documents (int8 / float8 e4m3fn, one float32 scale per token): `compress`
+turns an `Inputs` into one whose documents are the quantised copy of the very same
+float documents (maxsim.quantize_documents, run once, before any timing). COMPRESSED names
+the workloads compare.py runs that way by default: the memory-bound rerank shapes, the
+one-query rerank, and the corpus shapes.
 """
 from __future__ import annotations
 
@@ -84,6 +90,10 @@ _PADDED = [
     _padded("HeavyRerank", 32, 100, 32, 256, cpu_B=4),
     _padded("LongDocStress", 8, 16, 64, 1024, cpu_B=2),
     _padded("ColPaliRerank", 16, 64, 32, 1030, cpu_B=2),
+    # One query against a first stage's 1,000 candidates: the whole call is one stream of
+    # documents, so it is the shape where halving the document bytes shows most directly.
+    Workload("SingleQueryRerank", "padded", False, dict(B=1, C=1000, Lq=32, Ld=300),
+             dict(B=1, C=200, Lq=32, Ld=300)),
 ]
 
 WORKLOADS: dict[str, Workload] = {w.name: w for w in (
@@ -105,6 +115,16 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
     *(Workload(f"ContrastiveD{d}", "contrastive", False, dict(Nq=64, Nb=512, Lq=32, Ld=128),
                dict(Nq=4, Nb=32, Lq=32, Ld=128), "full", torch.bfloat16, dim=d) for d in (256, 512, 768, 1024)),
 )}
+
+
+# Workloads compare.py also runs with compressed documents when no workload list is given.
+COMPRESSED = ("HeavyRerank", "ColPaliRerank", "LongDocStress", "SingleQueryRerank",
+              "HeavyRerankPacked", "ColPaliRerankPacked", "LongDocStressPacked",
+              "SingleQueryRerankPacked", "ColBERTCorpus", "ColPaliCorpus")
+
+# Compressed document formats: name -> element dtype. Each token also carries one float32 scale.
+DOCUMENT_FORMATS = {"int8": torch.int8, "float8_e4m3fn": torch.float8_e4m3fn}
+SCALE_BYTES = 4
 
 
 def default_dtype(w: Workload, device) -> torch.dtype:
@@ -153,6 +173,10 @@ class Inputs:
     dtype: torch.dtype
     layout: str
     t: dict = field(default_factory=dict)   # the tensors; see build_inputs
+    # None for float documents; else a DOCUMENT_FORMATS key, and t holds document_values and
+    # document_scales next to the float documents they were quantised from (the peers
+    # quantise those with their own quantisers).
+    documents_format: str | None = None
 
     def __getattr__(self, name):
         try:
@@ -165,11 +189,30 @@ class Inputs:
         return self.t["queries" if "queries" in self.t else "queries_packed"].device
 
     def bytes_in(self) -> int:
-        """Bytes of the embeddings handed to maxsim for this surface."""
-        keys = ("queries", "documents") if self.workload.surface == "padded" else \
-            ("queries_packed", "documents_packed") if self.workload.surface == "packed" else \
-            ("queries", "documents_packed")
-        return sum(self.t[k].numel() * self.t[k].element_size() for k in keys)
+        """Bytes of the embeddings handed to maxsim for this surface.
+
+        Compressed documents: the stored bytes (values + scales) plus the queries and the
+        float32 scores written back, i.e. everything the call must move."""
+        q_key = "queries_packed" if self.workload.surface == "packed" else "queries"
+        if self.documents_format is not None:
+            keys = (q_key, "document_values", "document_scales")
+            return sum(_nbytes(self.t[k]) for k in keys) + 4 * self.num_scores()
+        keys = (q_key, "documents" if self.workload.surface == "padded" else "documents_packed")
+        return sum(_nbytes(self.t[k]) for k in keys)
+
+    def num_scores(self) -> int:
+        s = self.shape
+        return s["B"] * s["C"] if self.workload.surface in ("padded", "packed") else s["Nq"] * s["Nb"]
+
+    def document_bytes_per_token(self) -> int:
+        """Stored bytes of one document token: D elements, plus its scale if compressed."""
+        if self.documents_format is None:
+            return self.workload.dim * self.dtype.itemsize
+        return self.workload.dim * DOCUMENT_FORMATS[self.documents_format].itemsize + SCALE_BYTES
+
+    def float_documents(self):
+        """The float document tensor of this surface (the one compressed documents replace)."""
+        return self.t["documents" if self.workload.surface == "padded" else "documents_packed"]
 
     def useful_flops(self) -> float:
         """2 * D * sum over pairs of valid q tokens x valid d tokens (one forward)."""
@@ -179,6 +222,10 @@ class Inputs:
         q = s["query_lengths"].double().sum() if s["query_lengths"] is not None else \
             self.shape["Nq"] * self.shape["Lq"]
         return 2.0 * self.workload.dim * float(q) * float(s["doc_lengths"].double().sum())
+
+
+def _nbytes(t) -> int:
+    return t.numel() * t.element_size()
 
 
 def build_inputs(w: Workload, device, dtype=None, layout=None, seed=0, shape=None) -> Inputs:
@@ -218,6 +265,27 @@ def build_inputs(w: Workload, device, dtype=None, layout=None, seed=0, shape=Non
     return Inputs(w, shape, dtype, layout, t)
 
 
+def compress(x: Inputs, kernel, fmt: str) -> Inputs:
+    """x with its documents also held quantised (kernel.quantize_documents, per token).
+
+    The float documents stay in x (for the peers' own quantisers); maxsim_call and
+    naive_call use document_values / document_scales."""
+    if fmt not in DOCUMENT_FORMATS:
+        raise ValueError(f"unknown document format {fmt!r}; known: {', '.join(DOCUMENT_FORMATS)}")
+    values, scales = kernel.quantize_documents(x.float_documents(), fmt)
+    t = dict(x.t, document_values=values, document_scales=scales)
+    return Inputs(x.workload, x.shape, x.dtype, x.layout, t, documents_format=fmt)
+
+
+def dequantized(x: Inputs) -> Inputs:
+    """x with the float documents replaced by its compressed ones read back in the query
+    dtype (float32 product of value and scale, then rounded), in plain PyTorch."""
+    values, scales = x.document_values, x.document_scales
+    docs = (values.to(torch.float32) * scales.unsqueeze(-1)).to(x.dtype)
+    key = "documents" if x.workload.surface == "padded" else "documents_packed"
+    return Inputs(x.workload, x.shape, x.dtype, x.layout, dict(x.t, **{key: docs}))
+
+
 def padded_documents(x: Inputs):
     """Contrastive documents as [Nb, Ld, D] (a view for the full layout, else a padded copy)."""
     Ld = x.shape["Ld"]
@@ -240,15 +308,19 @@ def packed_queries(x: Inputs):
 def maxsim_call(kernel, x: Inputs, leaves=None):
     """The maxsim entry point for this workload; returns scores (grads are side effects)."""
     w = x.workload
+    if x.documents_format is not None:
+        docs, extra = x.document_values, dict(document_scales=x.document_scales)
+    else:
+        docs, extra = x.float_documents(), {}
     if w.surface == "padded":
-        return kernel.score_candidates_padded(x.queries, x.documents, x.query_lengths, x.doc_lengths)
+        return kernel.score_candidates_padded(x.queries, docs, x.query_lengths, x.doc_lengths, **extra)
     if w.surface == "packed":
         return kernel.score_pairs_packed(
-            x.queries_packed, x.query_offsets, x.documents_packed, x.document_offsets,
-            x.pair_query_ids, x.pair_document_ids, max_q_len=x.shape["Lq"])
+            x.queries_packed, x.query_offsets, docs, x.document_offsets,
+            x.pair_query_ids, x.pair_document_ids, max_q_len=x.shape["Lq"], **extra)
     if not w.train:
-        return kernel.score_contrastive(x.queries, x.documents_packed, x.document_offsets,
-                                        query_lengths=x.query_lengths)
+        return kernel.score_contrastive(x.queries, docs, x.document_offsets,
+                                        query_lengths=x.query_lengths, **extra)
     q, d = leaves
     scores = kernel.score_contrastive_train(q, d, x.document_offsets, query_lengths=x.query_lengths)
     torch.autograd.grad((scores * x.grad_weights).sum(), (q, d))
@@ -311,7 +383,10 @@ def naive_contrastive(q, d_padded, q_len=None, d_len=None):
 
 
 def naive_call(x: Inputs, leaves=None):
-    """What a PyTorch user writes without a kernel. Packed inputs are padded first."""
+    """What a PyTorch user writes without a kernel. Packed inputs are padded first;
+    compressed documents are read back in the query dtype first (part of the call)."""
+    if x.documents_format is not None:
+        return naive_call(dequantized(x), leaves)
     w, ragged = x.workload, x.layout == "ragged"
     ql = x.query_lengths if ragged else None
     if w.surface == "padded":
