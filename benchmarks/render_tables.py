@@ -6,7 +6,12 @@
     python3 benchmarks/render_tables.py --json out.json --readme README.md
 
 Two tables: scoring rows (padded and packed rerank, corpus scoring) and training rows
-(forward + backward). Per workload, layout and dtype: maxsim eager and GPU-only, every
+(forward + backward); a third, where the JSON has rows with compressed documents (int8 /
+float8 e4m3fn, compare.py --documents), for those: per workload and layout the plain row
+(the same documents in the query dtype) and each compressed row, with the stored bytes per
+document token, maxsim's eager and GPU-only times, its time relative to the plain row, its
+fraction of copy bandwidth (the bytes the call moves at the measured copy rate), the largest
+score change quantisation made, and the peers' compressed entry points. Per workload, layout and dtype: maxsim eager and GPU-only, every
 peer's eager and GPU-only, naive PyTorch (eager), the floor, maxsim's achieved rate at its
 GPU-only time (input TB/s on rerank rows, useful TFLOP/s on the others, as compare.py
 defines them) and its fraction of the floor. A header line states the device, torch, date
@@ -35,6 +40,9 @@ from pathlib import Path
 
 IMPLS = ("maxsim", "naive", "LIK", "FM")   # compare.py's order; others follow as found
 PEER_NAMES = {"LIK": "late-interaction-kernels", "FM": "flash-maxsim"}
+# The peers' compressed entry points (compare.py's COMPRESSED_IMPLS), as the table names them.
+COMPRESSED_PEERS = {"LIK-fp8": "LIK fp8", "FM-int8": "FM int8", "FM-int8-affine": "FM int8 affine"}
+FORMAT_NAMES = {"int8": "int8", "float8_e4m3fn": "fp8 e4m3fn"}
 
 
 # ---- numbers -----------------------------------------------------------------------------
@@ -74,6 +82,11 @@ def of_floor(row, ms):
 
 
 # ---- tables ------------------------------------------------------------------------------
+
+def is_compressed(row):
+    """A row whose documents are stored compressed (older JSON: no such rows)."""
+    return row.get("documents", row["dtype"]) != row["dtype"]
+
 
 def impl_order(results):
     seen = {n for row in results for n in row["impls"]}
@@ -146,8 +159,10 @@ def header(data, graph, shown):
     return line
 
 
-def notes(data, shown, dropped):
-    results = data["results"]
+def notes(data, shown, dropped, results=None, shape_rows=None, extra=()):
+    """Notes under the tables: n/a reasons of the plain rows, peers left out, `extra` (the
+    compressed rows' notes), shapes of every row's workload, floors."""
+    results = data["results"] if results is None else results
     out = []
     reasons = {}   # (label, reason) -> workloads
     for row in results:
@@ -164,8 +179,9 @@ def notes(data, shown, dropped):
     for n in dropped:
         why = sorted({row["impls"][n].get("na", "") for row in results if n in row["impls"]} - {""})
         out.append(f"- {n}: n/a on every row ({'; '.join(why) or 'no timings'}): left out")
+    out += extra
     shapes = {row["workload"]: ", ".join(f"{k}={v}" for k, v in row["shape"].items())
-              for row in results}
+              for row in (results if shape_rows is None else shape_rows)}
     out.append("- shapes: " + "; ".join(f"{k} ({v})" for k, v in shapes.items()))
     floors = data.get("floors")
     if floors:
@@ -176,21 +192,139 @@ def notes(data, shown, dropped):
     return out
 
 
+def _ratio(x):
+    return "n/a" if x is None else f"{x:.2f}x"
+
+
+def copy_ms(row, data):
+    """The row's bytes at the measured copy bandwidth (compare.py's copy_ms)."""
+    if row.get("copy_ms") is not None:
+        return row["copy_ms"]
+    bw = (data.get("floors") or {}).get("copy_bytes_per_s")
+    return 1e3 * row["bytes"] / bw if bw else None
+
+
+def compressed_groups(results):
+    """[(plain row or None, [compressed rows])] per (workload, layout, dtype), in run order."""
+    groups = {}
+    for row in results:
+        if is_compressed(row):
+            groups.setdefault((row["workload"], row["layout"], row["dtype"]), []).append(row)
+    plain = {(r["workload"], r["layout"], r["dtype"]): r for r in results if not is_compressed(r)}
+    return [(plain.get(key), rows) for key, rows in groups.items()]
+
+
+def compressed_table(data, groups, peers, naive, graph):
+    """The compressed-documents table: each group's plain row, then its compressed rows."""
+    basis = "GPU-only" if graph else "eager"
+    head = ["workload", "layout", "documents", "bytes / token"]
+    head += ["maxsim eager", "maxsim GPU-only"] if graph else ["maxsim"]
+    head += [f"maxsim {basis} vs plain", f"maxsim {basis} of copy bandwidth",
+             "max score change vs plain"]
+    for n in peers:
+        head += [f"{COMPRESSED_PEERS[n]} eager", f"{COMPRESSED_PEERS[n]} GPU-only"] if graph \
+            else [COMPRESSED_PEERS[n]]
+    if naive:
+        head.append("naive eager" if graph else "naive")
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    key = "graph_ms" if graph else "ms"
+    for plain, rows in groups:
+        plain_ms = (plain or {}).get("impls", {}).get("maxsim", {}).get(key)
+        for row in ([plain] if plain else []) + rows:
+            m = row["impls"].get("maxsim", {})
+            ms = m.get(key)
+            comp = is_compressed(row)
+            bpt = row.get("document_bytes_per_token")
+            cells = [row["workload"], row["layout"],
+                     FORMAT_NAMES.get(row.get("documents"), row.get("documents") or row["dtype"]),
+                     str(bpt) if bpt else "n/a", fmt_ms(m.get("ms"))]
+            if graph:
+                cells.append(fmt_ms(m.get("graph_ms")))
+            if not comp:
+                vs_plain = "1.00x" if ms else "n/a"
+            else:
+                vs_plain = _ratio(ms / plain_ms if ms and plain_ms else
+                                  row.get("maxsim_graph_over_plain" if graph else "maxsim_over_plain"))
+            c = copy_ms(row, data)
+            change = row.get("max_err_vs_plain")
+            cells += [vs_plain, f"{100 * c / ms:.0f}%" if c and ms else "n/a",
+                      "" if not comp else ("n/a" if change is None else f"{change:.2g}")]
+            for n in peers:
+                r = row["impls"].get(n)
+                if r is None:   # not an entry point of this format
+                    cells += ["–", "–"] if graph else ["–"]
+                    continue
+                cells.append(fmt_ms(r.get("ms")))
+                if graph:
+                    cells.append(fmt_ms(r.get("graph_ms")))
+            if naive:
+                cells.append(fmt_ms(row["impls"].get("naive", {}).get("ms")) if comp else "–")
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def compressed_notes(rows, peers):
+    """Why a compressed-row implementation has no time, how the peers were called, and the
+    peers left out (n/a on every row)."""
+    out, reasons = [], {}
+    for row in rows:
+        for n, r in row["impls"].items():
+            if n not in peers and n != "maxsim":
+                continue
+            label = COMPRESSED_PEERS.get(n, n)
+            for what in (f"n/a: {r['na']}" if "na" in r else None,
+                         f"GPU-only n/a: {r['graph_error']}" if r.get("graph_error") else None,
+                         f"called as a {r['note']}" if r.get("note") else None):
+                if what:
+                    reasons.setdefault((label, what), []).append(f"{row['workload']} {row['layout']}")
+    for (label, what), where in reasons.items():
+        out.append(f"- {label} {what} ({', '.join(dict.fromkeys(where))})")
+    for n in COMPRESSED_PEERS:
+        if n in peers or not any(n in row["impls"] for row in rows):
+            continue
+        why = sorted({row["impls"][n].get("na", "") for row in rows if n in row["impls"]} - {""})
+        out.append(f"- {COMPRESSED_PEERS[n]}: n/a on every row ({'; '.join(why) or 'no timings'}): left out")
+    return out
+
+
+COMPRESSED_TITLE = (
+    "Compressed documents (maxsim: int8 or float8 e4m3fn values and one float32 scale per token; "
+    "the plain row scores the same documents in the query dtype; bytes moved = values + scales + "
+    "queries + float32 scores):")
+COMPRESSED_LEGEND = (
+    "- compressed rows: LIK fp8 = late_interaction_kernels maxsim_inference_fp8 with its own "
+    "per-token quantiser on both sides (the queries are fp8 too); FM int8 / FM int8 affine = "
+    "flash_maxsim_int8_symmetric (int8, fp16 scale) / flash_maxsim_int8 (uint8, fp16 scale and "
+    "minimum) with their own quantisers, queries in fp16; – = no entry point for that format; "
+    "max score change = largest |compressed - plain| maxsim score on these random inputs")
+
+
 def render(data):
-    """The Markdown: header line, scoring table, training table, notes."""
-    results = data["results"]
+    """The Markdown: header line, scoring table, training table, compressed-documents table
+    (where the JSON has compressed rows), notes."""
+    all_results = data["results"]
+    results = [r for r in all_results if not is_compressed(r)]
+    compressed = [r for r in all_results if is_compressed(r)]
     graph = has_graph(data)
     order = impl_order(results)
     ran = [n for n in order if any("ms" in row["impls"].get(n, {}) for row in results)]
     shown = ["maxsim"] + [n for n in ran if n not in ("maxsim", "naive")] + \
         (["naive"] if "naive" in ran else [])
     dropped = [n for n in order if n not in shown]
-    parts = [header(data, graph, shown)]
+    peers = [n for n in COMPRESSED_PEERS
+             if any("ms" in row["impls"].get(n, {}) for row in compressed)]
+    naive = any("ms" in row["impls"].get("naive", {}) for row in compressed)
+    parts = [header(data, graph, shown + [n.split("-")[0] for n in peers])]
     for title, rows in (("Scoring (rerank, packed, corpus)", [r for r in results if not r["train"]]),
                         ("Training steps (forward + backward)", [r for r in results if r["train"]])):
         if rows:
             parts += [f"{title}:", table(rows, shown, graph)]
-    parts.append("\n".join(notes(data, shown, dropped)))
+    extra = []
+    if compressed:
+        parts += [COMPRESSED_TITLE,
+                  compressed_table(data, compressed_groups(all_results), peers, naive, graph)]
+        extra = compressed_notes(compressed, peers) + [COMPRESSED_LEGEND]
+    parts.append("\n".join(notes(data, shown, dropped, results, all_results, extra)))
     return "\n\n".join(parts) + "\n"
 
 

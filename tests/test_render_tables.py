@@ -220,3 +220,149 @@ def test_out_file_and_stdout(tmp_path, capsys):
     out = tmp_path / "tables.md"
     assert RT.main(["--json", str(src), "--out", str(out)]) == 0
     assert out.read_text() == RT.render(data) and capsys.readouterr().out == ""
+
+
+# ---- compressed documents ------------------------------------------------------------------
+
+LOOP_NOTE = "per-query loop (32 calls)"
+
+
+def compressed_row(workload, surface, layout, fmt, impls, bytes_, plain_ms, plain_graph_ms,
+                   change, copy_bw=4.23e12, shape=None):
+    r = dict(workload=workload, surface=surface, train=False, layout=layout, dtype="float16",
+             documents=fmt, shape=shape or dict(B=32, C=100, Lq=32, Ld=256), scale=1.0,
+             bytes=bytes_, flops=6.7e10, document_bytes_per_token=132,
+             copy_ms=1e3 * bytes_ / copy_bw, floor_ms=1e3 * bytes_ / copy_bw, impls=impls)
+    for i in impls.values():
+        COMPARE.add_rates(r, i)
+    m = impls["maxsim"]
+    r.update(of_floor=r["floor_ms"] / m["ms"], graph_of_floor=m["graph_of_floor"])
+    COMPARE.compare_with_plain(r, None, dict(ms=plain_ms, graph_ms=plain_graph_ms), None)
+    r["max_err_vs_plain"] = change
+    return r
+
+
+def compressed_json():
+    data = cuda_json()
+    heavy = row("HeavyRerank", "padded", False, "full", "float16", dict(
+        maxsim=impl(0.128, 0.078), naive=impl(0.228, 0.146), LIK=impl(0.183, 0.074),
+        FM=impl(0.150, 0.075)), 210_000_000, 6.7e10, 0.050)
+    heavy.update(documents="float16", document_bytes_per_token=256,
+                 copy_ms=1e3 * 210_000_000 / 4.23e12)
+    int8 = compressed_row("HeavyRerank", "padded", "full", "int8", dict(
+        maxsim=impl(0.090, 0.045), naive=impl(0.400, 0.300),
+        **{"FM-int8": dict(impl(1.20, 0.210), note=LOOP_NOTE),
+           "FM-int8-affine": dict(impl(1.30, None, CAPTURE_ERR), note=LOOP_NOTE)}),
+        108_000_000, 0.128, 0.078, 0.011)
+    fp8 = compressed_row("HeavyRerank", "padded", "full", "float8_e4m3fn", dict(
+        maxsim=impl(0.095, 0.047), naive=impl(0.420, 0.310),
+        **{"LIK-fp8": dict(impl(0.900, 0.160), note=LOOP_NOTE)}), 108_000_000, 0.128, 0.078, 0.036)
+    packed = compressed_row("HeavyRerankPacked", "packed", "ragged", "int8", dict(
+        maxsim=impl(0.050, 0.031), naive=impl(1.5, 1.2),
+        **{"FM-int8": impl(None, na="NoEntryPoint: no packed int8 entry point"),
+           "FM-int8-affine": impl(None, na="NoEntryPoint: no packed int8 entry point")}),
+        60_000_000, None, None, 0.009)
+    data["results"][1:1] = [heavy, int8, fp8, packed]
+    return data
+
+
+def compressed_table_of(md):
+    ts = tables(md)
+    return next(t for t in ts if "documents" in t["head"])
+
+
+def test_compressed_rows_get_their_own_table_and_stay_out_of_the_others():
+    md = RT.render(compressed_json())
+    scoring, training, comp = tables(md)
+    assert "HeavyRerank" in by_workload(scoring)           # the plain row: main table too
+    assert all(r["dtype"] == "float16" for r in scoring["rows"])
+    assert "HeavyRerankPacked" not in by_workload(scoring)  # compressed only
+    assert comp["head"] == [
+        "workload", "layout", "documents", "bytes / token", "maxsim eager", "maxsim GPU-only",
+        "maxsim GPU-only vs plain", "maxsim GPU-only of copy bandwidth", "max score change vs plain",
+        "LIK fp8 eager", "LIK fp8 GPU-only", "FM int8 eager", "FM int8 GPU-only",
+        "FM int8 affine eager", "FM int8 affine GPU-only", "naive eager"]
+    rows = [(r["workload"], r["documents"]) for r in comp["rows"]]
+    assert rows == [("HeavyRerank", "float16"), ("HeavyRerank", "int8"),
+                    ("HeavyRerank", "fp8 e4m3fn"), ("HeavyRerankPacked", "int8")]
+    plain, int8, fp8, packed = comp["rows"]
+    assert (plain["bytes / token"], int8["bytes / token"]) == ("256", "132")
+    assert plain["maxsim GPU-only vs plain"] == "1.00x"
+    assert int8["maxsim GPU-only vs plain"] == f"{0.045 / 0.078:.2f}x"
+    assert packed["maxsim GPU-only vs plain"] == "n/a"      # no plain row ran
+    # Fraction of copy bandwidth: the row's bytes at the copy rate over maxsim's GPU-only time.
+    assert int8["maxsim GPU-only of copy bandwidth"] == f"{100 * 108_000_000 / 4.23e12 / 0.045e-3:.0f}%"
+    assert (int8["FM int8 eager"], int8["FM int8 GPU-only"]) == ("1.20", "0.210")
+    assert (int8["FM int8 affine GPU-only"], packed["FM int8 eager"]) == ("n/a", "n/a")
+    assert int8["LIK fp8 eager"] == int8["LIK fp8 GPU-only"] == "–"   # not an int8 entry point
+    assert fp8["LIK fp8 GPU-only"] == "0.160" and fp8["FM int8 eager"] == "–"
+    assert (int8["max score change vs plain"], plain["max score change vs plain"]) == ("0.011", "")
+    assert (int8["naive eager"], plain["naive eager"]) == ("0.400", "–")
+
+
+def test_compressed_notes_say_how_the_peers_were_called_and_why_not():
+    md = RT.render(compressed_json())
+    assert f"- FM int8 called as a {LOOP_NOTE} (HeavyRerank full)" in md
+    assert f"- LIK fp8 called as a {LOOP_NOTE} (HeavyRerank full)" in md
+    assert f"- FM int8 affine GPU-only n/a: {CAPTURE_ERR} (HeavyRerank full)" in md
+    assert "- FM int8 n/a: NoEntryPoint: no packed int8 entry point (HeavyRerankPacked ragged)" in md
+    assert "HeavyRerankPacked (B=32, C=100, Lq=32, Ld=256)" in md      # shapes of every row
+    # The plain tables' notes do not list the compressed implementations as their own.
+    assert "- FM-int8" not in md and "LIK-fp8" not in md
+
+
+def test_compressed_ratio_and_copy_fraction_agree_with_compare_json_fields():
+    data = compressed_json()
+    for r in data["results"]:
+        if not RT.is_compressed(r):
+            continue
+        m = r["impls"]["maxsim"]
+        assert m["graph_of_copy"] == pytest.approx(r["copy_ms"] / m["graph_ms"])
+        assert RT.copy_ms(r, data) == r["copy_ms"]
+        if r["plain_graph_ms"]:
+            assert r["maxsim_graph_over_plain"] == pytest.approx(m["graph_ms"] / r["plain_graph_ms"])
+    # A row without copy_ms (older JSON) gets it from the floors' copy bandwidth.
+    assert RT.copy_ms(dict(bytes=4.23e9), data) == pytest.approx(1.0)   # 4.23 GB at 4.23 TB/s
+
+
+def test_cpu_compressed_table_has_eager_columns_and_leaves_the_peers_out():
+    data = compressed_json()
+    data["info"].update(device="cpu", graph=False, cuda=None)
+    for r in data["results"]:
+        for name in list(r["impls"]):
+            if name not in ("maxsim", "naive"):
+                r["impls"][name] = dict(na="RuntimeError: Triton kernels, CUDA only", **COMPARE.NO_GRAPH)
+            else:
+                r["impls"][name].update(COMPARE.NO_GRAPH)
+            COMPARE.add_rates(r, r["impls"][name])
+    md = RT.render(data)
+    comp = compressed_table_of(md)
+    assert comp["head"] == ["workload", "layout", "documents", "bytes / token", "maxsim",
+                            "maxsim eager vs plain", "maxsim eager of copy bandwidth",
+                            "max score change vs plain", "naive"]
+    assert by_workload(comp)["HeavyRerankPacked"]["maxsim"] == "0.050"
+    assert "- FM int8: n/a on every row (RuntimeError: Triton kernels, CUDA only): left out" in md
+
+
+def test_json_without_compressed_rows_renders_as_before():
+    md = RT.render(cuda_json())
+    assert len(tables(md)) == 2 and "Compressed documents" not in md
+
+
+def test_compare_plans_compressed_rows_after_their_plain_row():
+    import argparse
+    args = argparse.Namespace(device="cuda", workloads="all", dtype="auto", layout="table",
+                              documents="auto")
+    plan = [(w.name, dt, lay, fmt) for w, dt, lay, fmt in COMPARE.rows_to_run(args)]
+    assert plan[plan.index(("HeavyRerank", "float16", "full", None)) + 1:][:2] == [
+        ("HeavyRerank", "float16", "full", "int8"), ("HeavyRerank", "float16", "full", "float8_e4m3fn")]
+    assert ("SingleQueryRerankPacked", "float16", "ragged", "int8") in plan
+    assert ("ColPaliCorpus", "float16", "ragged", "float8_e4m3fn") in plan
+    assert not any(fmt for name, _, _, fmt in plan if name in ("Rerank", "BigColBERT", "RerankD256"))
+    args.device = "cpu"
+    args.workloads = "default"
+    assert all(fmt is None for *_, fmt in COMPARE.rows_to_run(args))   # CPU default: plain only
+    args.workloads, args.documents = "SmallRerank", "int8"
+    assert [fmt for *_, fmt in COMPARE.rows_to_run(args)] == ["int8"] * 4   # fp32, bf16 x 2 layouts
+    assert COMPARE.compressed_impls("int8", ["maxsim", "FM"]) == ["maxsim", "FM-int8", "FM-int8-affine"]
+    assert COMPARE.compressed_impls("float8_e4m3fn", COMPARE.IMPLS) == ["maxsim", "naive", "LIK-fp8"]
