@@ -283,3 +283,37 @@ def test_op_refuses_document_gradient(cpu_kernel, rng):
                             True, True, scales)
     with pytest.raises(RuntimeError, match="need document_scales"):
         ops.padded_forward(case.queries, values, case.query_lengths, case.doc_lengths, True, None)
+
+
+@pytest.mark.parametrize("isa", ("generic", "avx2"))
+def test_cpu_instruction_sets(isa):
+    """The CPU kernels' narrower builds (MAXSIM_CPU_ISA caps the choice at load time, so a
+    fresh process): the same compressed scores as float64 on the dequantised documents."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = (
+        "import torch, dataclasses\n"
+        "from conftest import load_kernel, make_case, assert_scores, assert_argmax\n"
+        "ms = load_kernel('cpu')\n"
+        "g = torch.Generator().manual_seed(7)\n"
+        "for surface in ('padded', 'packed'):\n"
+        "    case = make_case(surface, g, n=3, Lq=19, Ld=70, D=40)\n"
+        "    for fmt in ('int8', 'float8_e4m3fn'):\n"
+        "        v, s = ms.quantize_documents(case.documents, fmt)\n"
+        "        deq = v.double() * s.double().unsqueeze(-1)\n"
+        "        for dt in (torch.float32, torch.float16, torch.bfloat16):\n"
+        "            run = dataclasses.replace(case, queries=case.queries.to(dt), documents=v)\n"
+        "            expect = dataclasses.replace(run, documents=deq)\n"
+        "            out, arg = getattr(ms, case.fn + '_with_argmax')(*run.args(), **run.kwargs(),\n"
+        "                                                      document_scales=s)\n"
+        "            assert_scores(out, expect, input_dtype=dt)\n"
+        "            assert_argmax(arg, expect)\n"
+        "print('ok')\n"
+    )
+    here = Path(__file__).resolve().parent
+    env = dict(os.environ, MAXSIM_CPU_ISA=isa, PYTHONPATH=str(here))
+    result = subprocess.run([sys.executable, "-c", script], cwd=here, env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
