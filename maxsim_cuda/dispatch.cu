@@ -48,10 +48,32 @@ cudaError_t forward_half(const ForwardParams& p) {
   if (p.dim > 256 && half_simt()) return kernel::launch_forward_simt<T, float>(p);
   return forward_mma_k<T>(p);
 }
+
+// Compressed documents: one launcher per (query dtype, format), every surface and dim.
+template <DocFormat F>
+cudaError_t forward_compressed(const ForwardParams& p) {
+  switch (p.dtype) {
+    case DType::kF16: return kernel::launch_forward_compressed<__half, F>(p);
+    case DType::kBF16: return kernel::launch_forward_compressed<__nv_bfloat16, F>(p);
+    case DType::kF32: return kernel::launch_forward_compressed<float, F>(p);
+    default: return cudaErrorInvalidValue;
+  }
+}
+template <DocFormat F>
+cudaError_t backward_compressed(const BackwardParams& p) {
+  switch (p.dtype) {
+    case DType::kF16: return kernel::launch_backward_compressed<__half, F>(p);
+    case DType::kBF16: return kernel::launch_backward_compressed<__nv_bfloat16, F>(p);
+    case DType::kF32: return kernel::launch_backward_compressed<float, F>(p);
+    default: return cudaErrorInvalidValue;
+  }
+}
 }  // namespace
 
 cudaError_t launch_forward(const ForwardParams& p) {
   if (p.pairs <= 0) return cudaSuccess;
+  if (p.doc_format == DocFormat::kInt8) return forward_compressed<DocFormat::kInt8>(p);
+  if (p.doc_format == DocFormat::kE4M3) return forward_compressed<DocFormat::kE4M3>(p);
   switch (p.dtype) {
     case DType::kF16: return forward_half<__half>(p);
     case DType::kBF16: return forward_half<__nv_bfloat16>(p);
@@ -63,6 +85,8 @@ cudaError_t launch_forward(const ForwardParams& p) {
 
 cudaError_t launch_backward(const BackwardParams& p) {
   if (p.pairs <= 0) return cudaSuccess;
+  if (p.doc_format == DocFormat::kInt8) return backward_compressed<DocFormat::kInt8>(p);
+  if (p.doc_format == DocFormat::kE4M3) return backward_compressed<DocFormat::kE4M3>(p);
   switch (p.dtype) {
     case DType::kF16: return kernel::launch_backward_typed<__half, float>(p);
     case DType::kBF16: return kernel::launch_backward_typed<__nv_bfloat16, float>(p);

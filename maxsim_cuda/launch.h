@@ -15,6 +15,11 @@ enum class Surface : int { kPadded = 0, kContrastive = 1, kPacked = 2, kContrast
 // shapes, scheduling and gradient ownership; only where a document's rows are differs.
 constexpr bool is_contrastive(int surface) { return surface == 1 || surface == 3; }
 enum class DType : int { kF16 = 0, kBF16 = 1, kF32 = 2, kF64 = 3 };
+// How the documents are stored: in the queries' dtype (kNative), or compressed to one byte a
+// value, int8 (symmetric) or float8 e4m3fn, with one float32 scale per document row
+// (value = v * scale; each similarity is scaled before the max). Compressed documents pair
+// with kF16 / kBF16 / kF32 queries and get no gradient.
+enum class DocFormat : int { kNative = 0, kInt8 = 1, kE4M3 = 2 };
 
 // An index tensor (lengths, offsets, ids) of int32 or int64; `size` is its element count
 // so reads can be range-checked on the device.
@@ -33,9 +38,11 @@ struct IndexRef {
 //                lq=Lq, ld=Ld, doc_lengths [Nb]
 struct Problem {
   Surface surface = Surface::kPadded;
-  DType dtype = DType::kF16;
+  DType dtype = DType::kF16;  // the queries' (and native documents') dtype
+  DocFormat doc_format = DocFormat::kNative;
   const void* queries = nullptr;
   const void* documents = nullptr;
+  const float* doc_scales = nullptr;  // compressed documents: [d_rows]
   int64_t dim = 0;
   int64_t q_rows = 0;  // rows of the queries tensor (all leading dims flattened)
   int64_t d_rows = 0;  // rows of the documents tensor

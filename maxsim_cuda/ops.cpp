@@ -43,12 +43,51 @@ IndexRef index_ref(const at::Tensor& t, const at::Tensor& ref, const char* name)
   return r;
 }
 
-void check_inputs(const at::Tensor& q, const at::Tensor& d) {
+DocFormat doc_format_of(const at::Tensor& d) {
+  switch (d.scalar_type()) {
+    case at::kChar: return DocFormat::kInt8;
+    case at::kFloat8_e4m3fn: return DocFormat::kE4M3;
+    default: return DocFormat::kNative;
+  }
+}
+
+// Documents share the queries' dtype, or are compressed (int8 / float8 e4m3fn) with
+// document_scales, one float32 per document row, against float16 / bfloat16 / float32 queries.
+void check_inputs(const at::Tensor& q, const at::Tensor& d, const std::optional<at::Tensor>& scales) {
   TORCH_CHECK(q.is_cuda(), "maxsim: queries must be a CUDA tensor");
   check_device(d, q, "documents");
-  TORCH_CHECK(q.scalar_type() == d.scalar_type(), "maxsim: queries and documents must share a dtype");
+  const bool compressed = doc_format_of(d) != DocFormat::kNative;
+  TORCH_CHECK(compressed == scales.has_value(),
+              compressed ? "maxsim: int8 / float8_e4m3fn documents need document_scales"
+                         : "maxsim: document_scales given with float documents");
+  if (compressed) {
+    TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kFloat,
+                "maxsim: compressed documents pair with float16, bfloat16 or float32 queries, got ",
+                q.scalar_type());
+  } else {
+    TORCH_CHECK(q.scalar_type() == d.scalar_type(), "maxsim: queries and documents must share a dtype");
+  }
   TORCH_CHECK(q.is_contiguous() && d.is_contiguous(), "maxsim: inputs must be contiguous");
   dtype_of(q);
+}
+
+// The kernels read one scale per document row: rows as documents.numel() / dim (none when
+// dim == 0, where every similarity is 0 and no scale is read).
+const float* scales_of(const at::Tensor& q, const at::Tensor& d, const std::optional<at::Tensor>& scales) {
+  if (!scales.has_value()) return nullptr;
+  const at::Tensor& sc = *scales;
+  check_device(sc, q, "document_scales");
+  TORCH_CHECK(sc.scalar_type() == at::kFloat, "maxsim: document_scales must be float32, got ", sc.scalar_type());
+  TORCH_CHECK(sc.is_contiguous(), "maxsim: document_scales must be contiguous");
+  const int64_t rows = d.size(-1) > 0 ? d.numel() / d.size(-1) : 0;
+  TORCH_CHECK(sc.numel() == rows, "maxsim: document_scales must have one entry per document row (", rows,
+              "), got ", sc.numel());
+  return sc.numel() > 0 ? sc.data_ptr<float>() : nullptr;
+}
+
+void check_no_document_gradient(const std::optional<at::Tensor>& scales, bool need_grad_documents) {
+  TORCH_CHECK(!(scales.has_value() && need_grad_documents),
+              "maxsim: compressed documents get no gradient (need_grad_documents must be false)");
 }
 
 void check_launch(cudaError_t err) {
@@ -87,13 +126,16 @@ int rerank_variant() {
 
 // The Problem of each surface: shape checks, sizes, index tensors. The caller holds a
 // CUDAGuard for the queries' device (the stream read here is that device's).
-Problem base_problem(Surface surface, const at::Tensor& q, const at::Tensor& d) {
-  check_inputs(q, d);
+Problem base_problem(Surface surface, const at::Tensor& q, const at::Tensor& d,
+                     const std::optional<at::Tensor>& scales) {
+  check_inputs(q, d, scales);
   Problem p;
   p.surface = surface;
   p.dtype = dtype_of(q);
+  p.doc_format = doc_format_of(d);
   p.queries = q.numel() > 0 ? q.data_ptr() : nullptr;
   p.documents = d.numel() > 0 ? d.data_ptr() : nullptr;
+  p.doc_scales = scales_of(q, d, scales);
   p.dim = q.size(-1);
   // Rows from the leading sizes, not numel / dim: with dim == 0 there are still rows
   // (every dot product is 0), and offsets are checked against these counts.
@@ -107,10 +149,10 @@ Problem base_problem(Surface surface, const at::Tensor& q, const at::Tensor& d) 
 int64_t segments(const at::Tensor& offsets) { return offsets.numel() > 0 ? offsets.numel() - 1 : 0; }
 
 Problem padded_problem(const at::Tensor& q, const at::Tensor& d, const at::Tensor& query_lengths,
-                       const at::Tensor& doc_lengths) {
+                       const at::Tensor& doc_lengths, const std::optional<at::Tensor>& scales) {
   TORCH_CHECK(q.dim() == 3 && d.dim() == 4, "maxsim: padded expects [B,Lq,D] and [B,C,Ld,D]");
   TORCH_CHECK(d.size(0) == q.size(0) && d.size(3) == q.size(2), "maxsim: padded shape mismatch");
-  Problem p = base_problem(Surface::kPadded, q, d);
+  Problem p = base_problem(Surface::kPadded, q, d, scales);
   p.num_queries = q.size(0);
   p.cands = d.size(1);
   p.num_docs = p.pairs = p.num_queries * p.cands;
@@ -122,10 +164,11 @@ Problem padded_problem(const at::Tensor& q, const at::Tensor& d, const at::Tenso
 }
 
 Problem contrastive_problem(const at::Tensor& q, const at::Tensor& d, const at::Tensor& document_offsets,
-                            const std::optional<at::Tensor>& query_lengths) {
+                            const std::optional<at::Tensor>& query_lengths,
+                            const std::optional<at::Tensor>& scales) {
   TORCH_CHECK(q.dim() == 3 && d.dim() == 2, "maxsim: contrastive expects [Nq,Lq,D] and [T,D]");
   TORCH_CHECK(d.size(1) == q.size(2), "maxsim: dim mismatch");
-  Problem p = base_problem(Surface::kContrastive, q, d);
+  Problem p = base_problem(Surface::kContrastive, q, d, scales);
   p.num_queries = q.size(0);
   p.num_docs = segments(document_offsets);
   p.lq = q.size(1);
@@ -137,11 +180,12 @@ Problem contrastive_problem(const at::Tensor& q, const at::Tensor& d, const at::
 
 Problem contrastive_padded_problem(const at::Tensor& q, const at::Tensor& d,
                                    const at::Tensor& document_lengths,
-                                   const std::optional<at::Tensor>& query_lengths) {
+                                   const std::optional<at::Tensor>& query_lengths,
+                                   const std::optional<at::Tensor>& scales) {
   TORCH_CHECK(q.dim() == 3 && d.dim() == 3,
               "maxsim: contrastive_padded expects [Nq,Lq,D] and [Nb,Ld,D]");
   TORCH_CHECK(d.size(2) == q.size(2), "maxsim: dim mismatch");
-  Problem p = base_problem(Surface::kContrastivePadded, q, d);
+  Problem p = base_problem(Surface::kContrastivePadded, q, d, scales);
   p.num_queries = q.size(0);
   p.num_docs = d.size(0);
   p.lq = q.size(1);
@@ -155,11 +199,11 @@ Problem contrastive_padded_problem(const at::Tensor& q, const at::Tensor& d,
 
 Problem packed_problem(const at::Tensor& q, const at::Tensor& query_offsets, const at::Tensor& d,
                        const at::Tensor& document_offsets, const at::Tensor& pair_query_ids,
-                       const at::Tensor& pair_document_ids) {
+                       const at::Tensor& pair_document_ids, const std::optional<at::Tensor>& scales) {
   TORCH_CHECK(q.dim() == 2 && d.dim() == 2, "maxsim: packed expects [Tq,D] and [Td,D]");
   TORCH_CHECK(d.size(1) == q.size(1), "maxsim: dim mismatch");
   TORCH_CHECK(pair_document_ids.numel() == pair_query_ids.numel(), "maxsim: pair id tensors differ in length");
-  Problem p = base_problem(Surface::kPacked, q, d);
+  Problem p = base_problem(Surface::kPacked, q, d, scales);
   p.num_queries = segments(query_offsets);
   p.num_docs = segments(document_offsets);
   p.pairs = pair_query_ids.numel();
@@ -239,9 +283,9 @@ std::tuple<at::Tensor, at::Tensor> padded_forward(const at::Tensor& queries, con
                                                   const at::Tensor& query_lengths, const at::Tensor& doc_lengths,
                                                   bool with_argmax,
     const std::optional<at::Tensor>& document_scales) {
-  TORCH_CHECK(!document_scales.has_value(), "maxsim: compressed documents are not supported on this backend yet");
   const c10::cuda::CUDAGuard guard(queries.device());
-  auto p = with_problem<ForwardParams>(padded_problem(queries, documents, query_lengths, doc_lengths));
+  auto p = with_problem<ForwardParams>(
+      padded_problem(queries, documents, query_lengths, doc_lengths, document_scales));
   p.rerank_variant = rerank_variant();
   return run_forward(p, queries, {p.num_queries, p.cands}, p.lq, with_argmax);
 }
@@ -251,9 +295,9 @@ std::tuple<at::Tensor, at::Tensor> contrastive_forward(const at::Tensor& queries
                                                        const std::optional<at::Tensor>& query_lengths,
                                                        bool with_argmax,
     const std::optional<at::Tensor>& document_scales) {
-  TORCH_CHECK(!document_scales.has_value(), "maxsim: compressed documents are not supported on this backend yet");
   const c10::cuda::CUDAGuard guard(queries.device());
-  auto p = with_problem<ForwardParams>(contrastive_problem(queries, documents, document_offsets, query_lengths));
+  auto p = with_problem<ForwardParams>(
+      contrastive_problem(queries, documents, document_offsets, query_lengths, document_scales));
   p.variant = contrastive_variant();
   return run_forward(p, queries, {p.num_queries, p.num_docs}, p.lq, with_argmax);
 }
@@ -264,10 +308,9 @@ std::tuple<at::Tensor, at::Tensor> contrastive_padded_forward(const at::Tensor& 
                                                               const std::optional<at::Tensor>& query_lengths,
                                                               bool with_argmax,
     const std::optional<at::Tensor>& document_scales) {
-  TORCH_CHECK(!document_scales.has_value(), "maxsim: compressed documents are not supported on this backend yet");
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<ForwardParams>(
-      contrastive_padded_problem(queries, documents, document_lengths, query_lengths));
+      contrastive_padded_problem(queries, documents, document_lengths, query_lengths, document_scales));
   p.variant = contrastive_variant();
   return run_forward(p, queries, {p.num_queries, p.num_docs}, p.lq, with_argmax);
 }
@@ -278,11 +321,11 @@ std::tuple<at::Tensor, at::Tensor> packed_forward(const at::Tensor& queries, con
                                                   const at::Tensor& pair_document_ids, int64_t max_q_len,
                                                   bool with_argmax,
     const std::optional<at::Tensor>& document_scales) {
-  TORCH_CHECK(!document_scales.has_value(), "maxsim: compressed documents are not supported on this backend yet");
   TORCH_CHECK(max_q_len >= 0, "maxsim: max_q_len must be >= 0");
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<ForwardParams>(
-      packed_problem(queries, query_offsets, documents, document_offsets, pair_query_ids, pair_document_ids));
+      packed_problem(queries, query_offsets, documents, document_offsets, pair_query_ids, pair_document_ids,
+                     document_scales));
   p.max_q_len = max_q_len;
   p.rerank_variant = rerank_variant();
   return run_forward(p, queries, {p.pairs}, max_q_len, with_argmax);
@@ -296,9 +339,10 @@ std::tuple<at::Tensor, at::Tensor> padded_backward(const at::Tensor& grad_scores
                                                    const at::Tensor& doc_lengths, const at::Tensor& argmax,
                                                    bool need_grad_queries, bool need_grad_documents,
     const std::optional<at::Tensor>& document_scales) {
-  TORCH_CHECK(!document_scales.has_value(), "maxsim: compressed documents are not supported on this backend yet");
+  check_no_document_gradient(document_scales, need_grad_documents);
   const c10::cuda::CUDAGuard guard(queries.device());
-  auto p = with_problem<BackwardParams>(padded_problem(queries, documents, query_lengths, doc_lengths));
+  auto p = with_problem<BackwardParams>(
+      padded_problem(queries, documents, query_lengths, doc_lengths, document_scales));
   return run_backward(p, grad_scores, queries, documents, argmax, p.lq, need_grad_queries, need_grad_documents,
                       true, true);
 }
@@ -310,9 +354,10 @@ std::tuple<at::Tensor, at::Tensor> contrastive_backward(const at::Tensor& grad_s
                                                         const at::Tensor& argmax, bool need_grad_queries,
                                                         bool need_grad_documents,
     const std::optional<at::Tensor>& document_scales) {
-  TORCH_CHECK(!document_scales.has_value(), "maxsim: compressed documents are not supported on this backend yet");
+  check_no_document_gradient(document_scales, need_grad_documents);
   const c10::cuda::CUDAGuard guard(queries.device());
-  auto p = with_problem<BackwardParams>(contrastive_problem(queries, documents, document_offsets, query_lengths));
+  auto p = with_problem<BackwardParams>(
+      contrastive_problem(queries, documents, document_offsets, query_lengths, document_scales));
   return run_backward(p, grad_scores, queries, documents, argmax, p.lq, need_grad_queries, need_grad_documents,
                       true, false);
 }
@@ -323,10 +368,10 @@ std::tuple<at::Tensor, at::Tensor> contrastive_padded_backward(
     const at::Tensor& document_lengths, const std::optional<at::Tensor>& query_lengths,
     const at::Tensor& argmax, bool need_grad_queries, bool need_grad_documents,
     const std::optional<at::Tensor>& document_scales) {
-  TORCH_CHECK(!document_scales.has_value(), "maxsim: compressed documents are not supported on this backend yet");
+  check_no_document_gradient(document_scales, need_grad_documents);
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<BackwardParams>(
-      contrastive_padded_problem(queries, documents, document_lengths, query_lengths));
+      contrastive_padded_problem(queries, documents, document_lengths, query_lengths, document_scales));
   return run_backward(p, grad_scores, queries, documents, argmax, p.lq, need_grad_queries, need_grad_documents,
                       true, true);
 }
@@ -338,10 +383,11 @@ std::tuple<at::Tensor, at::Tensor> packed_backward(
     const at::Tensor& query_pair_offsets, const at::Tensor& pairs_by_document,
     const at::Tensor& document_pair_offsets, bool need_grad_queries, bool need_grad_documents,
     const std::optional<at::Tensor>& document_scales) {
-  TORCH_CHECK(!document_scales.has_value(), "maxsim: compressed documents are not supported on this backend yet");
+  check_no_document_gradient(document_scales, need_grad_documents);
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<BackwardParams>(
-      packed_problem(queries, query_offsets, documents, document_offsets, pair_query_ids, pair_document_ids));
+      packed_problem(queries, query_offsets, documents, document_offsets, pair_query_ids, pair_document_ids,
+                     document_scales));
   p.pairs_by_query = index_ref(pairs_by_query, queries, "pairs_by_query");
   p.query_pair_offsets = index_ref(query_pair_offsets, queries, "query_pair_offsets");
   p.pairs_by_document = index_ref(pairs_by_document, queries, "pairs_by_document");

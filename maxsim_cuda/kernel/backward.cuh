@@ -18,11 +18,19 @@ namespace maxsim_cuda {
 namespace kernel {
 
 template <class T, class Acc, int SURF>
+cudaError_t run_grad_documents(const BackwardParams& p, BwdArgs<T, Acc>& a);
+
+// F: the documents' format. Compressed documents get no gradient (the caller never asks),
+// so only grad_queries is instantiated for them.
+template <class T, class Acc, int SURF, DocFormat F = DocFormat::kNative>
 cudaError_t run_backward(const BackwardParams& p) {
+  constexpr bool kCompressed = is_compressed<F>();
   BwdArgs<T, Acc> a;
   a.g = static_cast<const Acc*>(p.grad_scores);
   a.q = static_cast<const T*>(p.queries);
-  a.d = static_cast<const T*>(p.documents);
+  a.d = kCompressed ? nullptr : static_cast<const T*>(p.documents);
+  a.d_bytes = kCompressed ? static_cast<const uint8_t*>(p.documents) : nullptr;
+  a.d_scales = p.doc_scales;
   a.argmax = p.argmax;
   a.grad_q = static_cast<T*>(p.grad_queries);
   a.grad_d = static_cast<T*>(p.grad_documents);
@@ -51,11 +59,20 @@ cudaError_t run_backward(const BackwardParams& p) {
     const int64_t rows = SURF == 2 ? a.nq * a.W : a.nq * a.Lq;
     if (rows > 0) {
       const int64_t blocks = (rows + kQWarps - 1) / kQWarps;
-      grad_queries_kernel<SURF, T, Acc><<<static_cast<unsigned>(blocks), kQWarps * 32, 0, p.stream>>>(a, rows);
+      grad_queries_kernel<SURF, T, Acc, F><<<static_cast<unsigned>(blocks), kQWarps * 32, 0, p.stream>>>(a, rows);
       cudaError_t err = cudaGetLastError();
       if (err != cudaSuccess) return err;
     }
   }
+  if constexpr (kCompressed) {
+    return p.grad_documents != nullptr ? cudaErrorInvalidValue : cudaSuccess;
+  } else {
+    return run_grad_documents<T, Acc, SURF>(p, a);
+  }
+}
+
+template <class T, class Acc, int SURF>
+cudaError_t run_grad_documents(const BackwardParams& p, BwdArgs<T, Acc>& a) {
   if (p.grad_documents != nullptr && a.nd > 0) {
     // per document (padded layouts: exactly; segments: on average)
     const int64_t rows = SURF == 0 || SURF == 3 ? a.Ld : a.d_rows / a.nd + 1;
@@ -87,6 +104,16 @@ cudaError_t run_backward(const BackwardParams& p) {
     return cudaGetLastError();
   }
   return cudaSuccess;
+}
+
+template <class T, DocFormat F>
+cudaError_t launch_backward_compressed(const BackwardParams& p) {
+  switch (p.surface) {
+    case Surface::kPadded: return run_backward<T, float, 0, F>(p);
+    case Surface::kContrastive: return run_backward<T, float, 1, F>(p);
+    case Surface::kContrastivePadded: return run_backward<T, float, 3, F>(p);
+    default: return run_backward<T, float, 2, F>(p);
+  }
 }
 
 template <class T, class Acc>

@@ -13,7 +13,9 @@ template <class T, class Acc>
 struct BwdArgs {
   const Acc* g;
   const T* q;
-  const T* d;
+  const T* d;                // native documents
+  const uint8_t* d_bytes;    // compressed documents (int8 / e4m3 values), else null
+  const float* d_scales;     // compressed documents: one scale per row
   const int32_t* argmax;
   T* grad_q;
   T* grad_d;

@@ -1,12 +1,15 @@
 // grad_queries: row (query, i) is owned by one warp, which adds g_p * d[argmax_p, i] over
 // the query's pairs (padded c = 0..C-1, contrastive n = 0..Nb-1, packed through
 // pairs_by_query / query_pair_offsets): kQSlots interleaved running sums in pair order,
-// added in a fixed tree at the end. Torch-free.
+// added in a fixed tree at the end. Compressed documents (F, doc_format.cuh): the weight is
+// g_p * scale[row] and the row's bytes are widened to their exact values,
+// grad_q[i] += (g_p * scale[a_i]) * v[a_i]. Torch-free.
 #pragma once
 
 #include <cstdint>
 
 #include "backward_args.cuh"
+#include "doc_format.cuh"
 #include "primitives.cuh"
 
 namespace maxsim_cuda {
@@ -14,7 +17,7 @@ namespace kernel {
 
 // For query row (query `qq`, row i) and its k-th pair: weight and the document row to
 // gather (-1 when the entry contributes nothing).
-template <int SURF, class T, class Acc>
+template <int SURF, class T, class Acc, DocFormat F = DocFormat::kNative>
 struct QuerySide {
   const BwdArgs<T, Acc>& a;
   int64_t qq, i;
@@ -56,8 +59,12 @@ struct QuerySide {
     const int64_t am = __ldg(a.argmax + p * a.W + i);
     const Acc gw = __ldg(a.g + p);
     ok = ok && am >= 0 && am < dlen;
-    w = ok ? gw : Acc(0);
     row = ok ? drow0 + am : -1;
+    if constexpr (is_compressed<F>()) {
+      w = ok ? gw * Acc(__ldg(a.d_scales + row)) : Acc(0);
+    } else {
+      w = ok ? gw : Acc(0);
+    }
   }
 };
 
@@ -103,8 +110,34 @@ struct RowSlice {
   }
 };
 
-template <int SURF, class T, class Acc>
+// kQCols one-byte values of a compressed row: one 16-byte vector, widened per element.
+template <DocFormat F>
+struct RowBytes {
+  uint4 v;
+  __device__ __forceinline__ void load(const uint8_t* row, int64_t e, int64_t dim, bool vec_ok) {
+    if (vec_ok && e + kQCols <= dim) {
+      v = __ldg(reinterpret_cast<const uint4*>(row + e));
+    } else {
+      uint32_t w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+      for (int k = 0; k < kQCols; ++k) {
+        if (e + k < dim) w[k / 4] |= uint32_t(__ldg(row + e + k)) << (8 * (k % 4));
+      }
+      v = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+  __device__ __forceinline__ void zero() { v = make_uint4(0u, 0u, 0u, 0u); }
+  template <class Acc>
+  __device__ __forceinline__ Acc at(int k) const {
+    const uint32_t w = k < 4 ? v.x : (k < 8 ? v.y : (k < 12 ? v.z : v.w));
+    return static_cast<Acc>(byte_to_float<F>((w >> (8 * (k % 4))) & 0xffu));
+  }
+};
+
+template <int SURF, class T, class Acc, DocFormat F = DocFormat::kNative>
 __global__ void __launch_bounds__(kQWarps * 32, 4) grad_queries_kernel(const BwdArgs<T, Acc> a, int64_t rows) {
+  using Row = std::conditional_t<is_compressed<F>(), RowBytes<F>, RowSlice<T>>;
+  using DocT = DocElem<T, F>;
   const int lane = threadIdx.x % 32;
   const int64_t row = int64_t(blockIdx.x) * kQWarps + threadIdx.x / 32;
   if (row >= rows) return;
@@ -136,11 +169,17 @@ __global__ void __launch_bounds__(kQWarps * 32, 4) grad_queries_kernel(const Bwd
     }
   }
   const bool live = i < qlen;
-  const QuerySide<SURF, T, Acc> src{a, qq, i, k0};
+  const QuerySide<SURF, T, Acc, F> src{a, qq, i, k0};
   T* out = a.grad_q + out_row * a.dim;
   const int slot = lane / kQLanes, cgroup = lane % kQLanes;
+  const DocT* docs;
+  if constexpr (is_compressed<F>()) {
+    docs = a.d_bytes;
+  } else {
+    docs = a.d;
+  }
   // 16-byte vectors need every row start 16-byte aligned
-  const bool vec_ok = (a.dim * int64_t(sizeof(T))) % 16 == 0 && (reinterpret_cast<uintptr_t>(a.d) & 15) == 0;
+  const bool vec_ok = (a.dim * int64_t(sizeof(DocT))) % 16 == 0 && (reinterpret_cast<uintptr_t>(docs) & 15) == 0;
   for (int64_t e0 = 0; e0 < a.dim; e0 += kQPass) {
     const int64_t e = e0 + int64_t(cgroup) * kQCols;
     Acc acc[kQCols];
@@ -156,15 +195,15 @@ __global__ void __launch_bounds__(kQWarps * 32, 4) grad_queries_kernel(const Bwd
       int64_t next_row = -1;
       if (base + 32 + lane < npairs) src.get(base + 32 + lane, next_w, next_row);
       const int n = npairs - base < 32 ? static_cast<int>(npairs - base) : 32;
-      constexpr int kQGroup = q_group<T>();
+      constexpr int kQGroup = q_group<DocT>();
       for (int g0 = 0; g0 < 32 / kQSlots; g0 += kQGroup) {
-        RowSlice<T> x[kQGroup];
+        Row x[kQGroup];
 #pragma unroll
         for (int u = 0; u < kQGroup; ++u) {
           const int pl = (g0 + u) * kQSlots + slot;
           const int64_t row = __shfl_sync(0xffffffffu, my_row, pl);
           if (pl < n && row >= 0) {
-            x[u].load(a.d + row * a.dim, e, a.dim, vec_ok);
+            x[u].load(docs + row * a.dim, e, a.dim, vec_ok);
           } else {
             x[u].zero();
           }

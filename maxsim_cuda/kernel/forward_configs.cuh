@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "../launch.h"
+#include "doc_format.cuh"
 #include "forward_hopper.cuh"
 #include "forward_kernel.cuh"
 
@@ -267,6 +268,79 @@ cudaError_t launch_forward_simt(const ForwardParams& p) {
   if (bm == 32) return run_any_surface<SimtMainloop<T, Acc, 32>>(p);
   if (bm == 64) return run_any_surface<SimtMainloop<T, Acc, 64>>(p);
   return run_any_surface<SimtMainloop<T, Acc, 128>>(p);
+}
+
+// ---- compressed documents (int8 / e4m3 with row scales; doc_format.cuh) ----
+// A compressed tile is half the bytes of a 16-bit one, so the shapes take 128-row document
+// tiles where the 16-bit ones take 64 (the same bytes a stage, twice the rows). Warps split
+// the tile's columns rather than the query rows where the registers allow (BM = 32: 1 x 4
+// warps of 32 query rows), since every warp widens the document bytes it multiplies:
+// columns split over warps are widened once, query rows split over warps once per warp.
+// (ptxas, sm_90a: none of these spills. The BM = 32 shape's three CTAs per SM cap a thread
+// at 168 registers, which the contrastive policies' extra state overruns by a few bytes:
+// there two CTAs; BM = 64 takes 64-row tiles and 6 stages under its 128-register cap.)
+template <class T, int KD, int BM, DocFormat F, bool CONTRASTIVE>
+struct CompressedConfig;
+template <class T, int KD, DocFormat F, bool CONTRASTIVE>
+struct CompressedConfig<T, KD, 32, F, CONTRASTIVE> {
+  using type = std::conditional_t<(KD > 128), MmaMainloop<T, KD, 32, 64, 2, 2, 4, 2, F>,
+                                  MmaMainloop<T, KD, 32, 128, 1, 4, 4, (CONTRASTIVE ? 2 : 3), F>>;
+};
+template <class T, int KD, DocFormat F, bool CONTRASTIVE>
+struct CompressedConfig<T, KD, 64, F, CONTRASTIVE> {
+  using type = std::conditional_t<(KD > 128), MmaMainloop<T, KD, 64, 64, 4, 2, 4, 1, F>,
+                                  MmaMainloop<T, KD, 64, 64, 4, 2, 6, 2, F>>;
+};
+template <class T, int KD, DocFormat F, bool CONTRASTIVE>
+struct CompressedConfig<T, KD, 128, F, CONTRASTIVE> {
+  using type = std::conditional_t<(KD > 128), MmaMainloop<T, KD, 128, 64, 8, 1, 4, 1, F>,
+                                  MmaMainloop<T, KD, 128, 128, 4, 2, 4, 1, F>>;
+};
+// dim > 256: the K-streaming shapes of 16-bit documents, 64-byte document chunk rows (BM =
+// 128 with one CTA per SM: at two, 128 registers, it spilled ~300 bytes).
+template <class T, int BM, DocFormat F>
+struct CompressedKConfig;
+template <class T, DocFormat F>
+struct CompressedKConfig<T, 32, F> { using type = MmaKMainloop<T, 32, 64, 2, 2, 64, 6, 3, F>; };
+template <class T, DocFormat F>
+struct CompressedKConfig<T, 64, F> { using type = MmaKMainloop<T, 64, 64, 4, 2, 64, 4, 2, F>; };
+template <class T, DocFormat F>
+struct CompressedKConfig<T, 128, F> { using type = MmaKMainloop<T, 128, 64, 4, 2, 64, 4, 1, F>; };
+
+template <class T, DocFormat F, int SURF>
+cudaError_t launch_compressed_surface(const ForwardParams& p) {
+  const int bm = pick_bm(p);
+  if constexpr (std::is_same_v<T, float>) {
+    if (bm == 32) return run_surface<SimtMainloop<float, float, 32, F>, SURF>(p);
+    if (bm == 64) return run_surface<SimtMainloop<float, float, 64, F>, SURF>(p);
+    return run_surface<SimtMainloop<float, float, 128, F>, SURF>(p);
+  } else {
+    if (p.dim > 256) {
+      if (bm == 32) return run_surface<typename CompressedKConfig<T, 32, F>::type, SURF>(p);
+      if (bm == 64) return run_surface<typename CompressedKConfig<T, 64, F>::type, SURF>(p);
+      return run_surface<typename CompressedKConfig<T, 128, F>::type, SURF>(p);
+    }
+    const int kd = p.dim <= 64 ? 64 : (p.dim <= 128 ? 128 : 256);
+#define MAXSIM_COMPRESSED_CASE(KD_, BM_) \
+  if (kd == KD_ && bm == BM_)                                                                         \
+    return run_surface<typename CompressedConfig<T, KD_, BM_, F, is_contrastive(SURF)>::type, SURF>(p);
+    MAXSIM_COMPRESSED_CASE(64, 32) MAXSIM_COMPRESSED_CASE(64, 64) MAXSIM_COMPRESSED_CASE(64, 128)
+    MAXSIM_COMPRESSED_CASE(128, 32) MAXSIM_COMPRESSED_CASE(128, 64) MAXSIM_COMPRESSED_CASE(128, 128)
+    MAXSIM_COMPRESSED_CASE(256, 32) MAXSIM_COMPRESSED_CASE(256, 64) MAXSIM_COMPRESSED_CASE(256, 128)
+#undef MAXSIM_COMPRESSED_CASE
+    return cudaErrorInvalidValue;
+  }
+}
+
+// Explicitly instantiated per (query dtype, format) in forward_<dtype>_<format>.cu.
+template <class T, DocFormat F>
+cudaError_t launch_forward_compressed(const ForwardParams& p) {
+  switch (p.surface) {
+    case Surface::kPadded: return launch_compressed_surface<T, F, 0>(p);
+    case Surface::kContrastive: return launch_compressed_surface<T, F, 1>(p);
+    case Surface::kContrastivePadded: return launch_compressed_surface<T, F, 3>(p);
+    default: return launch_compressed_surface<T, F, 2>(p);
+  }
 }
 
 }  // namespace kernel

@@ -681,11 +681,14 @@ inline ForwardParams hopper_view(const ForwardParams& p) {
 // padded and packed: the streamed shape at any dim. Packed needs max_q_len >= 1 (it sizes
 // the grid's blocks); a max_q_len above the query tensor's rows is left to the mma.sync
 // kernels too, since every pair would walk ceil(max_q_len / 64) chunks, most without rows.
+// Compressed documents (int8 / e4m3) stay with the mma.sync kernels for now: wgmma reads
+// its B operand from shared memory as 16-bit values, so this kernel would need a widening
+// stage between the TMA ring and the MMAs; the mma.sync kernels widen in registers.
 inline bool hopper_applies(const ForwardParams& p) {
   constexpr int64_t kCoordLimit = (int64_t(1) << 31) - 256;  // TMA coordinates are int32
   const bool packed = p.surface == Surface::kPacked;
   const int64_t lq = packed ? p.max_q_len : p.lq;
-  return lq >= 1 && (!packed || lq <= p.q_rows) && p.dim >= 8 && p.dim % 8 == 0 && p.dim < kCoordLimit &&
+  return p.doc_format == DocFormat::kNative && lq >= 1 && (!packed || lq <= p.q_rows) && p.dim >= 8 && p.dim % 8 == 0 && p.dim < kCoordLimit &&
          p.num_queries > 0 && p.num_docs > 0 && p.q_rows > 0 && p.d_rows > 0 && p.q_rows < kCoordLimit &&
          p.d_rows < kCoordLimit && reinterpret_cast<uintptr_t>(p.queries) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(p.documents) % 16 == 0 && !force_mma_sync() &&
@@ -712,6 +715,7 @@ constexpr int64_t kHopperMinDocRows = 256;
 // MAXSIM_CUDA_HOPPER_PADDED / MAXSIM_CUDA_HOPPER_PACKED = 1 take it for every padded /
 // packed call it can run, 0 for none (read per call: tests and comparisons).
 inline bool hopper_wanted(const ForwardParams& p) {
+  if (p.doc_format != DocFormat::kNative) return false;  // see hopper_applies
   if (is_contrastive(static_cast<int>(p.surface))) return true;
   const char* e = std::getenv(p.surface == Surface::kPacked ? "MAXSIM_CUDA_HOPPER_PACKED" : "MAXSIM_CUDA_HOPPER_PADDED");
   if (e != nullptr && (e[0] == '0' || e[0] == '1')) return e[0] == '1';

@@ -95,7 +95,7 @@ struct TileStream {
 // of the query block (K-split mainloops).
 template <class ML, class TS>
 __device__ __forceinline__ void produce(const ML& ml, int stage, const TS& prod, const typename ML::Elem* queries,
-                                        const typename ML::Elem* docs) {
+                                        const typename ML::DocT* docs) {
   if constexpr (KSplit<ML>::value) {
     ml.load_chunk(stage, queries, docs, prod.d.q_row0 + prod.chunk * ML::BM, prod.tile_row0(), prod.tile_rows(),
                   prod.kc);
@@ -104,10 +104,12 @@ __device__ __forceinline__ void produce(const ML& ml, int stage, const TS& prod,
   }
 }
 
-template <class T>
+// D: the documents' element type (T, or bytes of a compressed format with row scales).
+template <class T, class D = T>
 struct FwdArgs {
   const T* queries;
-  const T* documents;
+  const D* documents;
+  const float* doc_scales;  // compressed documents: one per row; else null
   int64_t dim;
   EpilogueArgs ep;
 };
@@ -121,7 +123,7 @@ struct FwdSmem {
 
 template <class ML, class Policy>
 __global__ void __launch_bounds__(ML::kThreads, ML::kMinBlocks)
-    maxsim_forward_kernel(const Policy pol, const FwdArgs<typename ML::Elem> a) {
+    maxsim_forward_kernel(const Policy pol, const FwdArgs<typename ML::Elem, typename ML::DocT> a) {
   using T = typename ML::Elem;
   using Acc = typename ML::Acc;
   constexpr int BM = ML::BM, BN = ML::BN, S = ML::kStages;
@@ -134,9 +136,9 @@ __global__ void __launch_bounds__(ML::kThreads, ML::kMinBlocks)
   constexpr bool KSPLIT = KSplit<ML>::value;
   ML ml;
   if constexpr (KSPLIT) {
-    ml.init(smem, a.dim, a.documents, a.queries, pol.query_rows());
+    ml.init(smem, a.dim, a.documents, a.queries, pol.query_rows(), a.doc_scales);
   } else {
-    ml.init(smem, a.dim, a.documents);
+    ml.init(smem, a.dim, a.documents, a.doc_scales);
   }
 
   TileStream<Policy, BM, BN, KSplit<ML>::chunk> cons, prod;
@@ -202,7 +204,8 @@ __global__ void __launch_bounds__(ML::kThreads, ML::kMinBlocks)
 
 // Per-device cache of the launch configuration of one kernel instantiation.
 template <class ML, class Policy>
-cudaError_t run_forward(const Policy& pol, const FwdArgs<typename ML::Elem>& a, int num_sms, cudaStream_t stream) {
+cudaError_t run_forward(const Policy& pol, const FwdArgs<typename ML::Elem, typename ML::DocT>& a, int num_sms,
+                        cudaStream_t stream) {
   const int64_t steps = pol.steps();
   if (steps <= 0) return cudaSuccess;
   auto kern = maxsim_forward_kernel<ML, Policy>;
@@ -277,11 +280,12 @@ inline int pick_bm(const ForwardParams& p) {
   return r <= 32 ? 32 : (r <= 64 ? 64 : 128);
 }
 
-template <class T>
-FwdArgs<T> make_args(const ForwardParams& p) {
-  FwdArgs<T> a;
+template <class T, class D = T>
+FwdArgs<T, D> make_args(const ForwardParams& p) {
+  FwdArgs<T, D> a;
   a.queries = static_cast<const T*>(p.queries);
-  a.documents = static_cast<const T*>(p.documents);
+  a.documents = static_cast<const D*>(p.documents);
+  a.doc_scales = p.doc_scales;
   a.dim = p.dim;
   a.ep.scores = p.scores;
   a.ep.argmax = p.argmax;
@@ -292,7 +296,7 @@ FwdArgs<T> make_args(const ForwardParams& p) {
 
 template <class ML, int SURF>
 cudaError_t run_surface(const ForwardParams& p) {
-  const auto a = make_args<typename ML::Elem>(p);
+  const auto a = make_args<typename ML::Elem, typename ML::DocT>(p);
   if constexpr (SURF == 0) {
     return run_forward<ML>(make_padded(p), a, p.num_sms, p.stream);
   } else if constexpr (SURF == 1) {

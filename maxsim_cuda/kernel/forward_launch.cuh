@@ -14,7 +14,11 @@ template <class T, int SURF>
 cudaError_t launch_forward_mma_k(const ForwardParams& p);
 template <class T, class Acc>
 cudaError_t launch_forward_simt(const ForwardParams& p);
+template <class T, DocFormat F>
+cudaError_t launch_forward_compressed(const ForwardParams& p);
 template <class T, class Acc>
 cudaError_t launch_backward_typed(const BackwardParams& p);
+template <class T, DocFormat F>
+cudaError_t launch_backward_compressed(const BackwardParams& p);
 }  // namespace kernel
 }  // namespace maxsim_cuda

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "doc_format.cuh"
 #include "epilogue.cuh"
 #include "policies.cuh"
 #include "primitives.cuh"
@@ -141,11 +142,21 @@ __device__ __forceinline__ void mma_kstep(float (&acc)[MT][NT][4], const AFrag& 
   }
 }
 
-template <class T, int KD_, int BM_, int BN_, int WM, int WN, int STAGES_, int MIN_BLOCKS_ = 1>
+// F (doc_format.cuh) is the documents' format. Compressed tiles hold one byte a value
+// (rows of KD bytes, 16-byte chunks swizzled for the reads below) and the tile's BN row
+// scales after them. A lane widens B fragments from one 16-byte shared load per n8 tile and
+// four k-steps: k is permuted consistently in both operands, so lane (g, t4)'s 16 bytes are
+// columns 64 * kq + 16 * t4 + [0, 16) of document row g, k-step 4 * kq + j takes bytes
+// 4j..4j+3 (PairBytes says which pair goes to b0 and b1), and the query A fragments are
+// loaded with the same columns. The row scales multiply the accumulators before the fold.
+template <class T, int KD_, int BM_, int BN_, int WM, int WN, int STAGES_, int MIN_BLOCKS_ = 1,
+          DocFormat F = DocFormat::kNative>
 struct MmaMainloop {
   using Elem = T;
+  using DocT = DocElem<T, F>;
   using Acc = float;
   static constexpr bool kPipelined = true;
+  static constexpr bool kCompressed = is_compressed<F>();
   static constexpr int KD = KD_, BM = BM_, BN = BN_, kStages = STAGES_;
   static constexpr int kWarps = WM * WN, kThreads = kWarps * 32, kMinBlocks = MIN_BLOCKS_;
   static constexpr int MT = BM / (16 * WM);
@@ -155,36 +166,60 @@ struct MmaMainloop {
   static constexpr int kSlots = WN;
   static_assert(MT >= 1 && BM == MT * 16 * WM, "BM");
   static_assert(NT % 2 == 0, "NT must be even (ldmatrix.x4 loads two n8 tiles)");
+  using Swz = std::conditional_t<(KD > 64), PairSwizzle, NoSwizzle>;  // compressed tiles
 
-  static constexpr size_t stage_bytes() { return size_t(BN) * KD * sizeof(T); }
+  static constexpr size_t stage_bytes() {
+    return kCompressed ? size_t(BN) * KD + size_t(BN) * sizeof(float) : size_t(BN) * KD * sizeof(T);
+  }
   static constexpr size_t smem_bytes() { return kStages * stage_bytes(); }
 
-  T* tiles;
+  unsigned char* tiles;
+  const float* doc_scales;  // compressed: one per document row
   int64_t dim;
-  int gran;  // elements per cp.async piece (copy_granularity)
+  int gran;  // native: elements per cp.async piece (copy_granularity); compressed: bytes (copy_piece_bytes)
   int lane, wm, wn;
   uint32_t qa[MT][KS][4];
   MmaRowMax<MT, NT, NTW, WN, BN> row_max;
 
-  __device__ __forceinline__ void init(unsigned char* smem, int64_t dim_, const void* docs) {
-    tiles = reinterpret_cast<T*>(smem);
+  __device__ __forceinline__ void init(unsigned char* smem, int64_t dim_, const void* docs,
+                                       const float* scales = nullptr) {
+    tiles = smem;
+    doc_scales = scales;
     dim = dim_;
-    gran = copy_granularity<T>(dim, reinterpret_cast<uintptr_t>(docs));
+    if constexpr (kCompressed) {
+      gran = copy_piece_bytes(dim, reinterpret_cast<uintptr_t>(docs));
+    } else {
+      gran = copy_granularity<T>(dim, reinterpret_cast<uintptr_t>(docs));
+    }
     const int warp = threadIdx.x / 32;
     lane = threadIdx.x % 32;
     wm = warp % WM;
     wn = warp / WM;
   }
 
+  __device__ __forceinline__ uint32_t stage_addr(int stage) const {
+    return smem_addr(tiles + size_t(stage) * stage_bytes());
+  }
+
   // Producer: document rows [row0, row0 + rows) into stage `stage` (zero-filled beyond).
-  __device__ __forceinline__ void load_tile(int stage, const T* docs, int64_t row0, int rows) const {
-    load_swizzled<T, BN, KD, kThreads>(smem_addr(tiles + size_t(stage) * BN * KD), docs, row0, rows, 0, dim, gran);
+  __device__ __forceinline__ void load_tile(int stage, const DocT* docs, int64_t row0, int rows) const {
+    if constexpr (kCompressed) {
+      const uint32_t base = stage_addr(stage);
+      load_rows<1, BN, KD, kThreads, Swz>(base, docs, row0, rows, 0, dim, gran);
+      load_scales<BN, kThreads>(base + uint32_t(BN * KD), doc_scales, row0, rows);
+    } else {
+      load_swizzled<T, BN, KD, kThreads>(stage_addr(stage), docs, row0, rows, 0, dim, gran);
+    }
   }
 
   // Query block rows of this chunk straight from global memory into A fragments. Each
   // fragment register holds columns (k, k + 1), k even: one 4-byte load when dim is even
   // and the base 4-byte aligned, else two 2-byte loads.
   __device__ __forceinline__ void load_query(const T* queries, const QueryRows& qr) {
+    if constexpr (kCompressed) {
+      load_query_permuted(queries, qr);
+      return;
+    }
     const int g = lane / 4, t4 = lane % 4;
     const bool pairs = dim % 2 == 0 && (reinterpret_cast<uintptr_t>(queries) & 3) == 0;
 #pragma unroll
@@ -215,22 +250,90 @@ struct MmaMainloop {
     }
   }
 
+  // Compressed documents: the A fragments in the documents' k permutation. Lane t4 of row r
+  // reads the 16 columns 64 * kq + 16 * t4 + [0, 16) (two 16-byte loads when they can be).
+  __device__ __forceinline__ void load_query_permuted(const T* queries, const QueryRows& qr) {
+    using PB = PairBytes<F>;
+    const int g = lane / 4, t4 = lane % 4;
+    const bool vec = dim % 8 == 0 && (reinterpret_cast<uintptr_t>(queries) & 15) == 0;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = (wm * MT + mt) * 16 + g + 8 * h;
+        const bool v = qr.valid(r);
+        const T* p = queries + (v ? qr.global_row(r) * dim : 0);
+#pragma unroll
+        for (int kq = 0; kq < KS / 4; ++kq) {
+          const int64_t c0 = int64_t(kq) * 64 + 16 * t4;
+          uint16_t e[16];
+          if (vec) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const int64_t c = c0 + 8 * half;
+              const uint4 x = (v && c < dim) ? __ldg(reinterpret_cast<const uint4*>(p + c)) : make_uint4(0u, 0u, 0u, 0u);
+              const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                e[8 * half + 2 * i] = uint16_t(w[i] & 0xffffu);
+                e[8 * half + 2 * i + 1] = uint16_t(w[i] >> 16);
+              }
+            }
+          } else {
+#pragma unroll
+            for (int i = 0; i < 16; ++i) e[i] = (v && c0 + i < dim) ? ld_bits16(p + c0 + i) : uint16_t(0);
+          }
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const uint16_t* b = e + 4 * j;
+            qa[mt][4 * kq + j][h] = b[PB::lo0] | (uint32_t(b[PB::lo1]) << 16);      // a0 / a1
+            qa[mt][4 * kq + j][2 + h] = b[PB::hi0] | (uint32_t(b[PB::hi1]) << 16);  // a2 / a3
+          }
+        }
+      }
+  }
+
   __device__ __forceinline__ void reset() { row_max.reset(); }
 
   // S = Q * tile^T on tensor cores, then fold into the running max (cols >= cols_valid masked).
-  __device__ __forceinline__ void compute(int stage, const T*, int64_t, int cols_valid, int col_base,
+  __device__ __forceinline__ void compute(int stage, const DocT*, int64_t, int cols_valid, int col_base,
                                           bool with_index) {
     float acc[MT][NT][4];
     zero_acc(acc);
-    const auto bf = b_fragment<T, KD>(smem_addr(tiles + size_t(stage) * BN * KD), wn * NTW, lane);
-    // All KS k-steps run (columns past dim are zeros in both operands): no branch in the
-    // unrolled loop, so ldmatrix of step ks+1 can overlap the mma of step ks.
+    if constexpr (kCompressed) {
+      compute_compressed(acc, stage);
+    } else {
+      const auto bf = b_fragment<T, KD>(stage_addr(stage), wn * NTW, lane);
+      // All KS k-steps run (columns past dim are zeros in both operands): no branch in the
+      // unrolled loop, so ldmatrix of step ks+1 can overlap the mma of step ks.
 #pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
-      const auto a = [&](int mt) -> const uint32_t(&)[4] { return qa[mt][ks]; };
-      mma_kstep<T, KD>(acc, a, bf, ks);
+      for (int ks = 0; ks < KS; ++ks) {
+        const auto a = [&](int mt) -> const uint32_t(&)[4] { return qa[mt][ks]; };
+        mma_kstep<T, KD>(acc, a, bf, ks);
+      }
     }
     row_max.fold(acc, lane, wn, cols_valid, col_base, with_index);
+  }
+
+  __device__ __forceinline__ void compute_compressed(float (&acc)[MT][NT][4], int stage) {
+    const int g = lane / 4, t4 = lane % 4;
+    const uint32_t base = stage_addr(stage);
+#pragma unroll
+    for (int kq = 0; kq < KS / 4; ++kq)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int r = wn * NTW + nt * 8 + g;
+        const uint4 raw = ld_shared_v4(base + uint32_t(r * KD + Swz::chunk(r, 4 * kq + t4) * 16));
+        const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          uint32_t b0, b1;
+          widen_word<T, F>(w[j], b0, b1);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) Mma16816<T>::run(acc[mt][nt], qa[mt][4 * kq + j], b0, b1);
+        }
+      }
+    scale_columns<F>(acc, base + uint32_t(BN * KD), wn * NTW + 2 * t4);
   }
 
   __device__ __forceinline__ void reduce(float* red_m, int* red_i) { row_max.reduce(red_m, red_i, lane, wm, wn); }

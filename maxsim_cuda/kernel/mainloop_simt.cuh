@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "doc_format.cuh"
 #include "epilogue.cuh"
 #include "policies.cuh"
 #include "primitives.cuh"
@@ -13,10 +14,13 @@
 namespace maxsim_cuda {
 namespace kernel {
 
-// SIMT FFMA mainloop: 256 threads as 16 x 16, each a TM x TN register tile.
-template <class T, class Acc_, int BM_>
+// SIMT FFMA mainloop: 256 threads as 16 x 16, each a TM x TN register tile. Compressed
+// documents (F) are widened to their exact float values as they enter shared memory, and
+// each similarity is multiplied by its row's scale before it meets the max.
+template <class T, class Acc_, int BM_, DocFormat F = DocFormat::kNative>
 struct SimtMainloop {
   using Elem = T;
+  using DocT = DocElem<T, F>;
   using Acc = Acc_;
   static constexpr bool kPipelined = false;
   static constexpr int BM = BM_, BN = 64, kStages = 1;
@@ -34,12 +38,15 @@ struct SimtMainloop {
   Acc* ds;       // [KC][DP]
   int* qvalid;   // [BM]
   const T* qbase;  // queries + global row of block row 0 of this chunk * dim
+  const float* doc_scales;  // compressed: one per document row
   int64_t dim;
   int tx, ty;
   Acc m[TM];
   int idx[TM];
 
-  __device__ __forceinline__ void init(unsigned char* smem, int64_t dim_, const void*) {
+  __device__ __forceinline__ void init(unsigned char* smem, int64_t dim_, const void*,
+                                       const float* scales = nullptr) {
+    doc_scales = scales;
     qs = reinterpret_cast<Acc*>(smem);
     ds = qs + KC * QP;
     qvalid = reinterpret_cast<int*>(ds + KC * DP);
@@ -48,7 +55,7 @@ struct SimtMainloop {
     ty = threadIdx.x / 16;
   }
 
-  __device__ __forceinline__ void load_tile(int, const T*, int64_t, int) const {}
+  __device__ __forceinline__ void load_tile(int, const DocT*, int64_t, int) const {}
 
   __device__ __forceinline__ void load_query(const T* queries, const QueryRows& qr) {
     for (int r = threadIdx.x; r < BM; r += kThreads) qvalid[r] = qr.valid(r) ? 1 : 0;
@@ -64,7 +71,15 @@ struct SimtMainloop {
   }
 
   // (Always tracks the index: the SIMT path serves fp32/fp64, where the fold is not the cost.)
-  __device__ __forceinline__ void compute(int, const T* docs, int64_t row0, int cols_valid, int col_base, bool) {
+  __device__ __forceinline__ Acc doc_value(const DocT* docs, int64_t at) const {
+    if constexpr (F == DocFormat::kNative) {
+      return to_acc<Acc>(docs[at]);
+    } else {
+      return static_cast<Acc>(byte_to_float<F>(docs[at]));
+    }
+  }
+
+  __device__ __forceinline__ void compute(int, const DocT* docs, int64_t row0, int cols_valid, int col_base, bool) {
     Acc acc[TM][TN];
 #pragma unroll
     for (int r = 0; r < TM; ++r)
@@ -81,7 +96,7 @@ struct SimtMainloop {
       for (int e = threadIdx.x; e < BN * KC; e += kThreads) {
         const int n = e / KC, kk = e % KC;
         const int64_t k = k0 + kk;
-        ds[kk * DP + n] = (n < cols_valid && k < dim) ? to_acc<Acc>(docs[(row0 + n) * dim + k]) : Acc(0);
+        ds[kk * DP + n] = (n < cols_valid && k < dim) ? doc_value(docs, (row0 + n) * dim + k) : Acc(0);
       }
       __syncthreads();
 #pragma unroll 8
@@ -97,12 +112,23 @@ struct SimtMainloop {
           for (int c = 0; c < TN; ++c) acc[r][c] = fma(a[r], b[c], acc[r][c]);
       }
     }
+    Acc scale[TN];
+#pragma unroll
+    for (int c = 0; c < TN; ++c) {
+      const int col = tx * TN + c;
+      if constexpr (is_compressed<F>()) {
+        scale[c] = (doc_scales != nullptr && col < cols_valid) ? Acc(__ldg(doc_scales + row0 + col)) : Acc(0);
+      } else {
+        scale[c] = Acc(1);
+      }
+    }
 #pragma unroll
     for (int r = 0; r < TM; ++r)
 #pragma unroll
       for (int c = 0; c < TN; ++c) {
         const int col = tx * TN + c;
-        const Acc v = col < cols_valid ? acc[r][c] : neg_inf<Acc>();
+        const Acc s = is_compressed<F>() ? acc[r][c] * scale[c] : acc[r][c];
+        const Acc v = col < cols_valid ? s : neg_inf<Acc>();
         running_update(m[r], idx[r], v, col_base + col);
       }
   }

@@ -1,0 +1,289 @@
+// How documents are stored, as a policy of the tile loads: native (the queries' 16-bit or
+// 32-bit type) or compressed, one byte per value (int8, or float8 e4m3fn) plus one float32
+// scale per document row. A compressed tile stays one byte a value in shared memory; the
+// consumer widens it on chip into mma B fragments (or floats for the FFMA and backward
+// paths), and each similarity is multiplied by its row's scale before the max. Dequantised
+// documents never reach global memory. Torch-free.
+//
+// Exactness: int8 values and e4m3 values are exact in fp16 and bf16, so the tensor-core
+// products are exact and accumulate in fp32 as for 16-bit documents. The e4m3 widening below
+// yields value * 2^-8 (the bits need no exponent rebias that way); kScaleFactor puts the
+// 2^8 back into the row scale, and acc * (scale * 2^8) == (acc * 2^8) * scale exactly.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "../launch.h"
+#include "primitives.cuh"
+
+namespace maxsim_cuda {
+namespace kernel {
+
+template <DocFormat F>
+struct DocTraits {  // kNative: the documents share the queries' type (Elem)
+  static constexpr bool kCompressed = false;
+};
+template <>
+struct DocTraits<DocFormat::kInt8> {
+  static constexpr bool kCompressed = true;
+  static constexpr float kScaleFactor = 1.f;
+};
+template <>
+struct DocTraits<DocFormat::kE4M3> {
+  static constexpr bool kCompressed = true;
+  static constexpr float kScaleFactor = 256.f;
+};
+template <DocFormat F>
+constexpr bool is_compressed() {
+  return DocTraits<F>::kCompressed;
+}
+
+// Element type of the documents tensor a mainloop reads.
+template <class T, DocFormat F>
+using DocElem = std::conditional_t<F == DocFormat::kNative, T, uint8_t>;
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+__device__ __forceinline__ uint32_t lop3_select(uint32_t a, uint32_t b, uint32_t mask) {
+  // (a & mask) | (b & ~mask)
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xE4;\n" : "=r"(d) : "r"(a), "r"(b), "r"(mask));
+  return d;
+}
+
+// ---- one 32-bit word of four document bytes -> two mma B registers of 16-bit pairs ----
+//
+// Which bytes land in which register half is the format's k permutation; the query A
+// fragments are loaded with the same one (kPairBytes), so the dot products are unchanged:
+//   int8: lo = (byte 0, byte 1), hi = (byte 2, byte 3)
+//   e4m3: lo = (byte 0, byte 2), hi = (byte 1, byte 3)
+template <DocFormat F>
+struct PairBytes;
+template <>
+struct PairBytes<DocFormat::kInt8> {
+  static constexpr int lo0 = 0, lo1 = 1, hi0 = 2, hi1 = 3;
+};
+template <>
+struct PairBytes<DocFormat::kE4M3> {
+  static constexpr int lo0 = 0, lo1 = 2, hi0 = 1, hi1 = 3;
+};
+
+// int8 -> fp16: byte x ^ 0x80 = x + 128 placed under the exponent byte 0x64 is the half
+// 1024 + x + 128 (mantissa unit 1); one hsub2 of 1152 leaves x exactly.
+__device__ __forceinline__ void int8x4_to_half2x2(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  const uint32_t x = w ^ 0x80808080u;
+  const uint32_t l = prmt(x, 0x64646464u, 0x4140u), h = prmt(x, 0x64646464u, 0x4342u);
+  const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));
+  const __half2 lv = __hsub2(*reinterpret_cast<const __half2*>(&l), bias);
+  const __half2 hv = __hsub2(*reinterpret_cast<const __half2*>(&h), bias);
+  lo = *reinterpret_cast<const uint32_t*>(&lv);
+  hi = *reinterpret_cast<const uint32_t*>(&hv);
+}
+
+// e4m3fn -> fp16 bits of value * 2^-8: sign to bit 15, the 7 exponent+mantissa bits to bits
+// 7..13 (e4m3 subnormals become fp16 subnormals, exactly). NaN bytes (magnitude 0x7f) get a
+// marker in bit 14 as well, which makes the half's exponent all ones with a nonzero mantissa:
+// NaN. (mag + 1 carries into bit 7 only for mag == 0x7f.)
+__device__ __forceinline__ void e4m3x4_to_half2x2(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  const uint32_t mag = w & 0x7f7f7f7fu;
+  const uint32_t v = ((mag + 0x01010101u) & 0x80808080u) | mag;  // marker | magnitude per byte
+  const uint32_t sign = w & 0x80808080u;
+  constexpr uint32_t kField = 0x7f807f80u;  // bits 7..14 of each half
+  hi = lop3_select(v >> 1, sign, kField);        // bytes 1, 3: already in each half's top byte
+  lo = lop3_select(v << 7, sign << 8, kField);   // bytes 0, 2
+}
+
+__device__ __forceinline__ uint32_t half2_to_bf162_bits(uint32_t h) {
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+  const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);  // exact: <= 8 significant bits
+  return *reinterpret_cast<const uint32_t*>(&b);
+}
+
+// Four document bytes -> the two B registers (T pairs) of one k16 step (see PairBytes).
+template <class T, DocFormat F>
+__device__ __forceinline__ void widen_word(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  if constexpr (F == DocFormat::kInt8) {
+    int8x4_to_half2x2(w, lo, hi);
+  } else {
+    e4m3x4_to_half2x2(w, lo, hi);
+  }
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    lo = half2_to_bf162_bits(lo);
+    hi = half2_to_bf162_bits(hi);
+  }
+}
+
+// One byte -> its exact float value (the FFMA mainloop and the backward). e4m3: the bits
+// moved under a float exponent give value * 2^-120 (subnormal for e4m3 subnormals; the
+// kernels are compiled without flush-to-zero), and 2^120 is exact.
+template <DocFormat F>
+__device__ __forceinline__ float byte_to_float(uint32_t b) {
+  if constexpr (F == DocFormat::kInt8) {
+    return static_cast<float>(static_cast<int8_t>(b & 0xffu));
+  } else {
+    const uint32_t mag = b & 0x7fu;
+    if (mag == 0x7fu) return __int_as_float(0x7fc00000);
+    const float f = __int_as_float(static_cast<int>(((b & 0x80u) << 24) | (mag << 20)));
+    return f * __int_as_float(0x7b800000);  // 2^120
+  }
+}
+
+// ---- shared-memory tiles of 1-byte values (and the queries' K-chunks next to them) ----
+
+// Largest cp.async piece (16, 8 or 4 bytes) that divides a row of `row_bytes` and keeps the
+// base in `addr_bits` aligned; 0 = element by element.
+__device__ __forceinline__ int copy_piece_bytes(int64_t row_bytes, uintptr_t addr_bits) {
+  for (int g = 16; g >= 4; g /= 2) {
+    if (row_bytes % g == 0 && (addr_bits & uintptr_t(g - 1)) == 0) return g;
+  }
+  return 0;
+}
+
+// Rows [row0, row0 + rows) x elements [kbase, kbase + ROW_BYTES / EB) of a row-major
+// [*, dim] matrix of EB-byte elements into NROWS shared rows of ROW_BYTES, 16-byte chunk
+// `ch` of row r stored at chunk Swz::chunk(r, ch); zeros beyond the valid rows and dim.
+// Asynchronous unless piece == 0 (the caller commits and waits).
+template <int EB, int NROWS, int ROW_BYTES, int THREADS, class Swz>
+__device__ __noinline__ void load_rows_any(uint32_t base, const unsigned char* src0, int64_t row0, int64_t rows,
+                                           int64_t kbase, int64_t dim, int piece) {
+  constexpr int CH = ROW_BYTES / 16, PER_CH = 16 / EB;
+  for (int c = threadIdx.x; c < NROWS * CH; c += THREADS) {
+    const int r = c / CH, ch = c % CH;
+    const uint32_t dst = base + uint32_t(r * ROW_BYTES + Swz::chunk(r, ch) * 16);
+    const int64_t k0 = kbase + int64_t(ch) * PER_CH;
+    if (r >= rows || k0 >= dim) {
+      st_shared_zero16(dst);
+      continue;
+    }
+    const unsigned char* src = src0 + ((row0 + r) * dim + k0) * EB;
+    if (piece == 16) {
+      cp_async_16(dst, src);
+    } else if (piece == 8) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const bool in = k0 + h * (8 / EB) < dim;
+        cp_async_ca_zfill<8>(dst + 8 * h, in ? src + 8 * h : src, in ? 8u : 0u);
+      }
+    } else if (piece == 4) {
+#pragma unroll
+      for (int h = 0; h < 4; ++h) {
+        const bool in = k0 + h * (4 / EB) < dim;
+        cp_async_ca_zfill<4>(dst + 4 * h, in ? src + 4 * h : src, in ? 4u : 0u);
+      }
+    } else {
+      uint32_t v[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+      for (int e = 0; e < PER_CH; ++e) {
+        if (k0 + e < dim) {
+          const uint32_t x = EB == 1 ? uint32_t(__ldg(src + e))
+                                     : uint32_t(__ldg(reinterpret_cast<const unsigned short*>(src) + e));
+          v[(e * EB) / 4] |= x << (8 * ((e * EB) % 4));
+        }
+      }
+      st_shared_v4(dst, make_uint4(v[0], v[1], v[2], v[3]));
+    }
+  }
+}
+
+template <int EB, int NROWS, int ROW_BYTES, int THREADS, class Swz>
+__device__ __forceinline__ void load_rows(uint32_t base, const void* src_, int64_t row0, int64_t rows, int64_t kbase,
+                                          int64_t dim, int piece) {
+  constexpr int CH = ROW_BYTES / 16, PER_CH = 16 / EB;
+  static_assert(ROW_BYTES % 16 == 0, "whole chunks");
+  const unsigned char* src0 = static_cast<const unsigned char*>(src_);
+  if constexpr (THREADS % CH == 0 && (NROWS * CH) % THREADS == 0) {
+    if (piece == 16) {
+      // A thread always copies the same chunk column: one predicate and one cp.async a piece.
+      constexpr int RSTEP = THREADS / CH;
+      const int ch = threadIdx.x % CH, r0 = threadIdx.x / CH;
+      const bool col_in = kbase + int64_t(ch) * PER_CH < dim;
+      const unsigned char* src = src0 + ((row0 + r0) * dim + kbase + int64_t(ch) * PER_CH) * EB;
+      const int64_t stride = int64_t(RSTEP) * dim * EB;
+#pragma unroll
+      for (int it = 0; it < NROWS / RSTEP; ++it) {
+        const int r = r0 + it * RSTEP;
+        const uint32_t d = base + uint32_t(r * ROW_BYTES + Swz::chunk(r, ch) * 16);
+        cp_async_16_zfill(d, src + it * stride, (col_in && r < rows) ? 16u : 0u);
+      }
+      return;
+    }
+  }
+  load_rows_any<EB, NROWS, ROW_BYTES, THREADS, Swz>(base, src0, row0, rows, kbase, dim, piece);
+}
+
+// The tile's row scales (NROWS floats at `base`, zeros past `rows` or without scales).
+template <int NROWS, int THREADS>
+__device__ __forceinline__ void load_scales(uint32_t base, const float* scales, int64_t row0, int rows) {
+  for (int r = threadIdx.x; r < NROWS; r += THREADS) {
+    const bool in = scales != nullptr && r < rows;
+    cp_async_ca_zfill<4>(base + 4 * r, in ? scales + row0 + r : scales, in ? 4u : 0u);
+  }
+}
+
+// Swizzles (16-byte chunk index per row) chosen for the consumers' shared loads:
+// NoSwizzle: 64-byte rows read 16 bytes a lane (rows 2m, 2m+1 of a quarter-warp already
+// fall in different bank groups). PairSwizzle: 128/256-byte rows read 16 bytes a lane:
+// odd rows move to the other 64-byte half. WordSwizzle: 64-byte rows read 4 bytes a lane,
+// 8 rows at once. QuadSwizzle: 128-byte query rows read 8 bytes a lane, 4 rows a half-warp.
+struct NoSwizzle {
+  __device__ __forceinline__ static int chunk(int, int ch) { return ch; }
+};
+struct PairSwizzle {
+  __device__ __forceinline__ static int chunk(int r, int ch) { return ch ^ ((r & 1) << 2); }
+};
+struct WordSwizzle {
+  __device__ __forceinline__ static int chunk(int r, int ch) { return ch ^ ((r >> 1) & 3); }
+};
+struct QuadSwizzle {
+  __device__ __forceinline__ static int chunk(int r, int ch) { return ch ^ ((r & 3) << 1); }
+};
+
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint2 ld_shared_v2(uint32_t addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ float2 ld_shared_f2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+  return v;
+}
+
+// Multiplies each accumulator column (a document row of the tile) by its scale before the
+// fold: a thread's columns are cols0 + nt * 8 + {0, 1} of the tile, scales at `scale_base`.
+template <DocFormat F, int MT, int NT>
+__device__ __forceinline__ void scale_columns(float (&acc)[MT][NT][4], uint32_t scale_base, int cols0) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    float2 s = ld_shared_f2(scale_base + 4u * uint32_t(cols0 + nt * 8));
+    s.x *= DocTraits<F>::kScaleFactor;
+    s.y *= DocTraits<F>::kScaleFactor;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      acc[mt][nt][0] *= s.x;
+      acc[mt][nt][1] *= s.y;
+      acc[mt][nt][2] *= s.x;
+      acc[mt][nt][3] *= s.y;
+    }
+  }
+}
+
+}  // namespace kernel
+}  // namespace maxsim_cuda

@@ -1,0 +1,484 @@
+"""CUDA: compressed documents (int8 / float8 e4m3fn values, one float32 scale per row).
+
+Calls the ops directly (the document_scales argument every forward and backward op takes),
+on every surface, for the score, the argmax and the query gradient, with float16, bfloat16
+and float32 queries. Expected values: a float64 reference on the dequantised documents
+(values.double() * scales.double()[..., None]), computed pair by pair on the CPU.
+
+Error bound. The kernels multiply exact values (int8 and e4m3 values are exact in fp16 and
+bf16) and accumulate in float32, then scale each similarity once, so a similarity is off by
+at most the accumulation's rounding: we allow |err_ij| <= 2^-18 * S_ij with
+S_ij = |scale_j| * sum_k |q_ik * v_jk| (2^-24 per add, times a generous 64 for the tensor
+cores' accumulation order). A score adds one such error per query row plus its own float32
+sum of at most Lq terms; argmax must point at a similarity within the bound of the best.
+Integer-valued inputs with power-of-two scales are exact throughout: there the scores, ties
+(lowest index) and argmax must match exactly.
+"""
+import importlib
+
+import pytest
+import torch
+
+from conftest import BACKENDS, load_kernel
+
+pytestmark = pytest.mark.skipif("cuda" not in BACKENDS, reason="no CUDA backend built")
+CUDA = torch.device("cuda")
+FORMATS = {"int8": torch.int8, "e4m3": torch.float8_e4m3fn}
+QUERY_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+SURFACES = ("padded", "contrastive", "contrastive_padded", "packed")
+DIMS = (8, 40, 96, 128, 136, 256, 264, 520)
+REL = 2.0 ** -18
+
+
+@pytest.fixture(scope="module")
+def ops():
+    ms = load_kernel("cuda")
+    return importlib.import_module(ms.__name__ + "._ops").ops
+
+
+@pytest.fixture(autouse=True)
+def no_value_checks(monkeypatch):
+    monkeypatch.delenv("MAXSIM_CHECK_VALUES", raising=False)
+
+
+# ---- inputs ---------------------------------------------------------------------------------
+
+def make_values(shape, fmt, gen, integer=False):
+    """Document values of `fmt` (no NaN) on the CPU."""
+    if fmt == "int8":
+        hi = 8 if integer else 128
+        return torch.randint(-hi + 1, hi, shape, generator=gen, dtype=torch.int8)
+    if integer:
+        x = torch.randint(-8, 9, shape, generator=gen).float()
+    else:
+        # magnitudes over the whole e4m3 range, subnormals (< 2^-6) included
+        x = torch.randn(shape, generator=gen) * torch.exp2(torch.randint(-9, 8, shape, generator=gen).float())
+        x = x.clamp(-448, 448)
+    return x.to(torch.float8_e4m3fn)
+
+
+def make_scales(shape, gen, integer=False):
+    if integer:
+        return torch.exp2(torch.randint(-3, 3, shape, generator=gen).float())
+    s = (torch.rand(shape, generator=gen) * 0.05 + 0.001)
+    return torch.where(torch.rand(shape, generator=gen) < 0.1, -s, s)
+
+
+def make_queries(shape, dtype, gen, integer=False):
+    if integer:
+        return torch.randint(-4, 5, shape, generator=gen).to(dtype)
+    return torch.randn(shape, generator=gen).to(dtype)
+
+
+def dequantised(values, scales):
+    return values.double() * scales.double()[..., None]
+
+
+def lengths(n, hi, gen, zero_every=5):
+    out = torch.randint(0, hi + 1, (n,), generator=gen)
+    out[::zero_every] = torch.where(torch.arange(len(out[::zero_every])) % 2 == 0, 0, hi)
+    return out
+
+
+class Case:
+    """One call's inputs (CPU originals and CUDA copies) and its pairs for the reference:
+    (pair index, query rows [qlen, D], document value rows, their scales, ok)."""
+
+    def __init__(self, surface, fmt, qdtype, dim, lq, gen, integer=False, index_dtype=torch.int64):
+        self.surface, self.fmt, self.qdtype, self.dim = surface, fmt, qdtype, dim
+        D = dim
+        if surface == "padded":
+            B, C, Ld = 3, 4, 37
+            self.q = make_queries((B, lq, D), qdtype, gen, integer)
+            self.v = make_values((B, C, Ld, D), fmt, gen, integer)
+            self.s = make_scales((B, C, Ld), gen, integer)
+            self.ql = lengths(B, lq, gen, 3)
+            self.dl = lengths(B * C, Ld, gen).view(B, C)
+            self.width = lq
+            self.pairs = []
+            for b in range(B):
+                for c in range(C):
+                    qn, dn = int(self.ql[b]), int(self.dl[b, c])
+                    self.pairs.append((b * C + c, self.q[b, :qn], self.v[b, c, :dn], self.s[b, c, :dn], True))
+            self.index = (self.ql, self.dl)
+        elif surface in ("contrastive", "contrastive_padded"):
+            Nq, Nb = 3, 5
+            self.q = make_queries((Nq, lq, D), qdtype, gen, integer)
+            self.ql = lengths(Nq, lq, gen, 3)
+            if surface == "contrastive":
+                dlen = lengths(Nb, 45, gen)
+                self.offsets = torch.cat([torch.zeros(1, dtype=torch.int64), dlen.cumsum(0)])
+                T = int(self.offsets[-1])
+                self.v = make_values((T, D), fmt, gen, integer)
+                self.s = make_scales((T,), gen, integer)
+                docs = [(int(self.offsets[n]), int(dlen[n])) for n in range(Nb)]
+                self.index = (self.offsets,)
+            else:
+                Ld = 45
+                self.dl = lengths(Nb, Ld, gen)
+                self.v = make_values((Nb, Ld, D), fmt, gen, integer)
+                self.s = make_scales((Nb, Ld), gen, integer)
+                docs = [(n * Ld, int(self.dl[n])) for n in range(Nb)]
+                self.index = (self.dl,)
+            self.width = lq
+            vflat, sflat = self.v.reshape(-1, D), self.s.reshape(-1)
+            self.pairs = []
+            for qi in range(Nq):
+                for n, (r0, dn) in enumerate(docs):
+                    self.pairs.append((qi * Nb + n, self.q[qi, :int(self.ql[qi])], vflat[r0:r0 + dn],
+                                       sflat[r0:r0 + dn], True))
+        else:
+            Nq, Nd, P = 4, 5, 9
+            qlen = lengths(Nq, lq, gen, 3)
+            dlen = lengths(Nd, 41, gen)
+            self.qoffs = torch.cat([torch.zeros(1, dtype=torch.int64), qlen.cumsum(0)])
+            self.doffs = torch.cat([torch.zeros(1, dtype=torch.int64), dlen.cumsum(0)])
+            self.q = make_queries((int(self.qoffs[-1]), D), qdtype, gen, integer)
+            self.v = make_values((int(self.doffs[-1]), D), fmt, gen, integer)
+            self.s = make_scales((int(self.doffs[-1]),), gen, integer)
+            self.pq = torch.randint(0, Nq, (P,), generator=gen)
+            self.pd = torch.randint(0, Nd, (P,), generator=gen)
+            self.width = lq
+            self.nq = Nq
+            self.pairs = []
+            for p in range(P):
+                a, b = int(self.qoffs[self.pq[p]]), int(self.qoffs[self.pq[p] + 1])
+                c, d = int(self.doffs[self.pd[p]]), int(self.doffs[self.pd[p] + 1])
+                self.pairs.append((p, self.q[a:b], self.v[c:d], self.s[c:d], True))
+        self.index_dtype = index_dtype
+
+    def idx(self, t):
+        return t.to(self.index_dtype).to(CUDA)
+
+    def cuda_inputs(self):
+        self.qc, self.vc, self.sc = self.q.to(CUDA), self.v.to(CUDA), self.s.reshape(-1).contiguous().to(CUDA)
+        if self.surface == "packed":
+            self.qoc, self.doc_, self.pqc, self.pdc = (self.idx(self.qoffs), self.idx(self.doffs),
+                                                       self.idx(self.pq), self.idx(self.pd))
+        else:
+            self.ic = [self.idx(t) for t in self.index]
+            self.qlc = self.idx(self.ql)
+        return self
+
+    def forward(self, ops, with_argmax, scales="default"):
+        sc = self.sc if scales == "default" else scales
+        if self.surface == "padded":
+            return ops.padded_forward(self.qc, self.vc, self.qlc, self.ic[1], with_argmax, sc)
+        if self.surface == "contrastive":
+            return ops.contrastive_forward(self.qc, self.vc, self.ic[0], self.qlc, with_argmax, sc)
+        if self.surface == "contrastive_padded":
+            return ops.contrastive_padded_forward(self.qc, self.vc, self.ic[0], self.qlc, with_argmax, sc)
+        return ops.packed_forward(self.qc, self.qoc, self.vc, self.doc_, self.pqc, self.pdc, self.width,
+                                  with_argmax, sc)
+
+    def backward(self, ops, g, argmax, need_d=False):
+        if self.surface == "padded":
+            return ops.padded_backward(g, self.qc, self.vc, self.qlc, self.ic[1], argmax, True, need_d, self.sc)
+        if self.surface == "contrastive":
+            return ops.contrastive_backward(g, self.qc, self.vc, self.ic[0], self.qlc, argmax, True, need_d, self.sc)
+        if self.surface == "contrastive_padded":
+            return ops.contrastive_padded_backward(g, self.qc, self.vc, self.ic[0], self.qlc, argmax, True, need_d,
+                                                   self.sc)
+        pbq = torch.argsort(self.pqc.long(), stable=True)
+        qpo = torch.searchsorted(self.pqc.long()[pbq], torch.arange(self.nq + 1, device=CUDA))
+        pbd = torch.argsort(self.pdc.long(), stable=True)
+        dpo = torch.searchsorted(self.pdc.long()[pbd], torch.arange(len(self.doffs), device=CUDA))
+        return ops.packed_backward(g, self.qc, self.qoc, self.vc, self.doc_, self.pqc, self.pdc, argmax, pbq, qpo,
+                                   pbd, dpo, True, need_d, self.sc)
+
+    def query_row_of(self, p, i):
+        """Row of the flattened queries tensor that pair p's query position i is."""
+        if self.surface == "packed":
+            return int(self.qoffs[self.pq[p]]) + i
+        per = len(self.pairs) // self.q.shape[0]
+        return (p // per) * self.q.shape[1] + i
+
+
+def pair_reference(q, v, s):
+    """float64 similarities [qlen, dlen] and their error bounds."""
+    qd, vd, sd = q.double(), v.double(), s.double()
+    sims = (qd @ vd.T) * sd[None, :]
+    bound = REL * (qd.abs() @ vd.abs().T) * sd.abs()[None, :] + 1e-300
+    return sims, bound
+
+
+def check_forward(case, scores, argmax):
+    scores, argmax = scores.cpu(), (argmax.cpu() if argmax is not None else None)
+    for p, q, v, s, ok in case.pairs:
+        qn, dn = q.shape[0], v.shape[0]
+        got = float(scores.reshape(-1)[p])
+        arow = argmax.reshape(-1, case.width)[p] if argmax is not None else None
+        if qn == 0 or dn == 0:
+            assert got == (0.0 if qn == 0 else float("-inf")), (p, qn, dn, got)
+            if arow is not None:
+                assert (arow == -1).all(), (p, arow)
+            continue
+        sims, bound = pair_reference(q, v, s)
+        nan_rows = sims.isnan().any(dim=1)
+        best = torch.where(nan_rows, torch.nan, sims.nan_to_num(nan=-torch.inf).max(dim=1).values)
+        want = float(best.sum())
+        if nan_rows.any():
+            assert got != got, (p, got)
+        else:
+            tol = float(bound.max(dim=1).values.sum()) + 2.0 ** -22 * qn * float(best.abs().sum())
+            assert abs(got - want) <= tol, (p, got, want, tol)
+        if arow is None:
+            continue
+        assert (arow[qn:] == -1).all(), (p, arow)
+        for i in range(qn):
+            a = int(arow[i])
+            assert 0 <= a < dn, (p, i, a)
+            if nan_rows[i]:
+                assert a == int(sims[i].isnan().nonzero()[0]), (p, i, a)
+            else:
+                assert float(best[i] - sims[i, a]) <= float(bound[i].max() * 2), (p, i, a)
+
+
+def check_grad_queries(case, g, argmax, grad_q):
+    """grad_q[row] = sum over pairs of g_p * scale[a] * v[a] (float64), from the kernel's argmax."""
+    D = case.dim
+    want = torch.zeros(case.q.reshape(-1, D).shape, dtype=torch.float64)
+    mag = torch.zeros_like(want)
+    gcpu, acpu = g.cpu().double().reshape(-1), argmax.cpu().reshape(-1, case.width)
+    for p, q, v, s, ok in case.pairs:
+        if v.shape[0] == 0:
+            continue
+        for i in range(q.shape[0]):
+            a = int(acpu[p, i])
+            if a < 0:
+                continue
+            term = gcpu[p] * s[a].double() * v[a].double()
+            row = case.query_row_of(p, i)
+            want[row] += term
+            mag[row] += term.abs()
+    got = grad_q.cpu().double().reshape(-1, D)
+    eps = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32: 2.0 ** -24}[case.qdtype]
+    tol = mag * 2.0 ** -20 + want.abs() * eps + 1e-30
+    bad = (got - want).abs() > tol
+    assert not bad.any(), (bad.nonzero()[:5], got[bad][:5], want[bad][:5])
+
+
+def poison(*likes):
+    """Fill and free blocks of the outputs' sizes, so that the op's at::empty outputs start
+    as garbage (the caching allocator hands the freed blocks back)."""
+    blocks = [torch.full_like(t, 12345.0) if t.is_floating_point() else torch.full_like(t, 0x5A5A5A5A)
+              for t in likes]
+    del blocks
+
+
+def run_case(ops, case, check_backward=True):
+    case.cuda_inputs()
+    scores_only, empty = case.forward(ops, False)
+    assert empty.numel() == 0
+    check_forward(case, scores_only, None)
+    scores, argmax = case.forward(ops, True)
+    poison(scores, argmax)
+    scores, argmax = case.forward(ops, True)
+    check_forward(case, scores, argmax)
+    # the score without argmax is the same computation (bitwise, NaN where NaN)
+    assert torch.equal(scores_only.nan_to_num(nan=7.0), scores.nan_to_num(nan=7.0))
+    if check_backward:
+        g = torch.randn(scores.shape, generator=torch.Generator().manual_seed(5)).to(CUDA)
+        poison(case.qc)
+        gq, gd = case.backward(ops, g, argmax)
+        assert gd.numel() == 0
+        assert gq.dtype == case.qdtype and gq.shape == case.qc.shape
+        check_grad_queries(case, g, argmax, gq)
+    return scores, argmax
+
+
+# ---- every surface x format x query dtype x dim ----------------------------------------------
+
+@pytest.mark.parametrize("dim", DIMS)
+@pytest.mark.parametrize("qdtype", QUERY_DTYPES, ids=str)
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("surface", SURFACES)
+def test_matches_float64_reference(ops, surface, fmt, qdtype, dim):
+    gen = torch.Generator().manual_seed(hash((surface, fmt, str(qdtype), dim)) & 0xFFFF)
+    # query lengths that pick the 32-, 64- and 128-row blocks across the dims
+    lq = (7, 40, 90)[DIMS.index(dim) % 3]
+    run_case(ops, Case(surface, fmt, qdtype, dim, lq, gen))
+
+
+@pytest.mark.parametrize("lq", (5, 33, 70))
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("surface", SURFACES)
+def test_block_shapes_fp16(ops, surface, fmt, lq):
+    """Every block height with the fast path's dims (64 / 128 / 256-byte rows)."""
+    for dim in (64, 128, 256):
+        gen = torch.Generator().manual_seed(lq * 1000 + dim)
+        run_case(ops, Case(surface, fmt, torch.float16, dim, lq, gen))
+
+
+@pytest.mark.parametrize("qdtype", QUERY_DTYPES, ids=str)
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("surface", SURFACES)
+def test_integer_inputs_are_exact(ops, surface, fmt, qdtype):
+    """Small integers and power-of-two scales: every product and sum is exact, so scores
+    match exactly and ties go to the lowest index."""
+    for dim in (16, 128, 300):
+        gen = torch.Generator().manual_seed(dim + 77)
+        case = Case(surface, fmt, qdtype, dim, 9, gen, integer=True, index_dtype=torch.int32).cuda_inputs()
+        scores, argmax = case.forward(ops, True)
+        scores, argmax = scores.cpu(), argmax.cpu()
+        for p, q, v, s, ok in case.pairs:
+            qn, dn = q.shape[0], v.shape[0]
+            if qn == 0 or dn == 0:
+                continue
+            sims, _ = pair_reference(q, v, s)
+            best = sims.max(dim=1).values
+            assert float(scores.reshape(-1)[p]) == float(best.sum()), p
+            first = (sims == best[:, None]).double().argmax(dim=1)  # lowest index reaching the max
+            assert torch.equal(argmax.reshape(-1, case.width)[p, :qn].long(), first), p
+
+
+def test_float8_nan_bytes(ops):
+    """0x7F and 0xFF are NaN: a pair whose valid rows hold one scores NaN, argmax the first
+    NaN column; the same bytes past a document's length change nothing."""
+    gen = torch.Generator().manual_seed(3)
+    for qdtype in QUERY_DTYPES:
+        for dim in (40, 128, 264):
+            case = Case("padded", "e4m3", qdtype, dim, 6, gen)
+            raw = case.v.view(torch.uint8)
+            B, C, Ld, D = raw.shape
+            for b in range(B):
+                for c in range(C):
+                    dn = int(case.dl[b, c])
+                    if (b + c) % 2 == 0 and dn > 2:
+                        raw[b, c, dn // 2, (b * 7 + c) % D] = 0x7F if c % 2 else 0xFF
+                    if dn < Ld:
+                        raw[b, c, dn, 0] = 0x7F  # padding: ignored
+            run_case(ops, case)
+
+
+@pytest.mark.parametrize("surface", ("contrastive", "packed"))
+def test_bad_offsets_and_ids(ops, surface):
+    gen = torch.Generator().manual_seed(11)
+    case = Case(surface, "int8", torch.float16, 128, 8, gen).cuda_inputs()
+    if surface == "contrastive":
+        offs = case.ic[0].clone()
+        offs[2] = 10 ** 6  # documents 1 and 2 are out of range
+        scores, argmax = ops.contrastive_forward(case.qc, case.vc, offs, case.qlc, True, case.sc)
+        bad = torch.zeros(scores.shape, dtype=torch.bool)
+        bad[:, 1:3] = True
+    else:
+        pd = case.pdc.clone()
+        pd[1] = 99
+        pq = case.pqc.clone()
+        pq[4] = -1
+        scores, argmax = ops.packed_forward(case.qc, case.qoc, case.vc, case.doc_, pq, pd, case.width, True,
+                                            case.sc)
+        bad = torch.zeros(scores.shape, dtype=torch.bool)
+        bad[[1, 4]] = True
+    scores, argmax = scores.cpu(), argmax.cpu()
+    assert scores[bad].isnan().all()
+    assert (argmax[bad] == -1).all()
+    assert not scores[~bad].isnan().any()
+
+
+def test_deterministic(ops):
+    gen = torch.Generator().manual_seed(21)
+    for surface in SURFACES:
+        for fmt in FORMATS:
+            case = Case(surface, fmt, torch.bfloat16, 136, 20, gen).cuda_inputs()
+            g = torch.randn(case.forward(ops, False)[0].shape, generator=gen).to(CUDA)
+            runs = []
+            for _ in range(2):
+                s, a = case.forward(ops, True)
+                gq, _ = case.backward(ops, g, a)
+                runs.append((s, a, gq))
+            for x, y in zip(*runs):
+                assert torch.equal(x.view(torch.uint8) if x.is_floating_point() else x,
+                                   y.view(torch.uint8) if y.is_floating_point() else y)
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_cuda_graph(ops, surface):
+    gen = torch.Generator().manual_seed(31)
+    case = Case(surface, "e4m3", torch.float16, 128, 16, gen).cuda_inputs()
+    g = torch.randn(case.forward(ops, False)[0].shape, generator=gen).to(CUDA)
+    eager_s, eager_a = case.forward(ops, True)
+    eager_gq, _ = case.backward(ops, g, eager_a)
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        case.forward(ops, True)  # warm-up on the side stream
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        s, a = case.forward(ops, True)
+        gq, _ = case.backward(ops, g, a)
+    for t in (s, gq):
+        t.fill_(1234.0)
+    a.fill_(-7)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(s.nan_to_num(nan=3.0), eager_s.nan_to_num(nan=3.0))
+    assert torch.equal(a, eager_a)
+    assert torch.equal(gq, eager_gq)
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("surface", SURFACES)
+def test_argmax_matches_cpu_backend(ops, surface, fmt):
+    """Same argmax as the CPU backend wherever the best similarity is clear of the runner-up
+    by more than both backends' rounding."""
+    cpu_ops = importlib.import_module(load_kernel("cpu").__name__ + "._ops").ops
+    gen = torch.Generator().manual_seed(41)
+    case = Case(surface, fmt, torch.float32, 96, 12, gen).cuda_inputs()
+    _, a_gpu = case.forward(ops, True)
+    cpu = case.__class__.__new__(case.__class__)
+    cpu.__dict__.update(case.__dict__)
+    for name in ("qc", "vc", "sc", "qlc", "qoc", "doc_", "pqc", "pdc"):
+        if hasattr(case, name):
+            setattr(cpu, name, getattr(case, name).cpu())
+    if hasattr(case, "ic"):
+        cpu.ic = [t.cpu() for t in case.ic]
+    _, a_cpu = cpu.forward(cpu_ops, True)
+    a_gpu = a_gpu.cpu().reshape(-1, case.width)
+    a_cpu = a_cpu.reshape(-1, case.width)
+    compared = 0
+    for p, q, v, s, ok in case.pairs:
+        if q.shape[0] == 0 or v.shape[0] < 2:
+            assert torch.equal(a_gpu[p], a_cpu[p])
+            continue
+        sims, bound = pair_reference(q, v, s)
+        top = sims.topk(2, dim=1)
+        clear = (top.values[:, 0] - top.values[:, 1]) > 4 * bound.max(dim=1).values
+        rows = clear.nonzero().flatten()
+        assert torch.equal(a_gpu[p, rows], a_cpu[p, rows]), p
+        compared += len(rows)
+    assert compared > 0
+
+
+def test_errors(ops):
+    gen = torch.Generator().manual_seed(51)
+    case = Case("padded", "int8", torch.float16, 64, 8, gen).cuda_inputs()
+    q, v, s, ql, dl = case.qc, case.vc, case.sc, case.qlc, case.ic[1]
+    with pytest.raises(RuntimeError, match="document_scales"):
+        ops.padded_forward(q, v, ql, dl, False, None)
+    with pytest.raises(RuntimeError, match="document_scales"):
+        ops.padded_forward(q, v.float().half(), ql, dl, False, s)
+    with pytest.raises(RuntimeError, match="document_scales"):
+        ops.padded_forward(q, v, ql, dl, False, s.double())
+    with pytest.raises(RuntimeError, match="document_scales"):
+        ops.padded_forward(q, v, ql, dl, False, s[:-1])
+    with pytest.raises(RuntimeError, match="document_scales"):
+        ops.padded_forward(q, v, ql, dl, False, s.cpu())
+    with pytest.raises(RuntimeError, match="queries"):
+        ops.padded_forward(q.double(), v, ql, dl, False, s)
+    _, a = ops.padded_forward(q, v, ql, dl, True, s)
+    g = torch.ones(a.shape[:2], device=CUDA)
+    with pytest.raises(RuntimeError, match="no gradient"):
+        ops.padded_backward(g, q, v, ql, dl, a, True, True, s)
+
+
+def test_zero_dim_and_empty(ops):
+    q = torch.randn(2, 3, 0, device=CUDA, dtype=torch.float16)
+    v = torch.zeros(2, 2, 4, 0, device=CUDA, dtype=torch.int8)
+    ql = torch.tensor([3, 0], device=CUDA)
+    dl = torch.tensor([[4, 0], [2, 1]], device=CUDA)
+    s, a = ops.padded_forward(q, v, ql, dl, True, torch.empty(0, device=CUDA))
+    assert s.cpu().tolist() == [[0.0, float("-inf")], [0.0, 0.0]]
+    assert (a[0, 0] == 0).all() and (a[0, 1] == -1).all() and (a[1] == -1).all()

@@ -1,0 +1,132 @@
+"""GPU time of compressed-document calls (int8 / float8 e4m3fn + float32 row scales) against
+the same call with float16 documents, and the bytes per second they read.
+
+Each call is captured 20 times into a CUDA graph; the figure is the median over 7 replays
+of (replay time / 20), so host overhead is out. Bytes: documents (values + scales for the
+compressed formats) + queries, as the kernel must read them at least once. The copy rate
+is a device-to-device copy of the compressed documents' bytes (read + write counted once
+each, so "copy rate" = 2 * bytes / time).
+
+Run on the device from the repository root after a CUDA build:
+  python3 tools/device/bench_compressed.py
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_ops():
+    import kernels
+
+    ms = kernels.get_local_kernel(ROOT, backend="cuda")
+    return importlib.import_module(ms.__name__ + "._ops").ops
+
+
+def graph_time_ms(fn, reps=20, replays=7):
+    fn()
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / reps)
+    return statistics.median(times)
+
+
+def compress(d16, fmt):
+    """Per-row symmetric quantisation of float16 documents (the layout users store)."""
+    x = d16.float()
+    amax = x.abs().amax(dim=-1).clamp_min(1e-12)
+    if fmt == "int8":
+        scale = amax / 127.0
+        v = torch.round(x / scale[..., None]).clamp(-127, 127).to(torch.int8)
+    else:
+        scale = amax / 448.0
+        v = (x / scale[..., None]).to(torch.float8_e4m3fn)
+    return v.contiguous(), scale.reshape(-1).contiguous()
+
+
+def padded_call(ops, B, C, Lq, Ld, D, dtype=torch.float16):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(B, Lq, D, device="cuda", dtype=dtype, generator=gen)
+    d = torch.randn(B, C, Ld, D, device="cuda", dtype=torch.float16, generator=gen)
+    ql = torch.full((B,), Lq, device="cuda", dtype=torch.int32)
+    dl = torch.full((B, C), Ld, device="cuda", dtype=torch.int32)
+    calls = {"fp16": (lambda: ops.padded_forward(q.half(), d, ql, dl, False, None), d.numel() * 2)}
+    for fmt in ("int8", "e4m3"):
+        v, s = compress(d, fmt)
+        calls[fmt] = ((lambda v=v, s=s: ops.padded_forward(q, v, ql, dl, False, s)), v.numel() + s.numel() * 4)
+    return calls, q.numel() * q.element_size()
+
+
+def contrastive_call(ops, Nq, Nb, Lq, Ld, D):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(Nq, Lq, D, device="cuda", dtype=torch.float16, generator=gen)
+    d = torch.randn(Nb, Ld, D, device="cuda", dtype=torch.float16, generator=gen)
+    dl = torch.full((Nb,), Ld, device="cuda", dtype=torch.int32)
+    calls = {"fp16": (lambda: ops.contrastive_padded_forward(q, d, dl, None, False, None), d.numel() * 2)}
+    for fmt in ("int8", "e4m3"):
+        v, s = compress(d, fmt)
+        calls[fmt] = ((lambda v=v, s=s: ops.contrastive_padded_forward(q, v, dl, None, False, s)),
+                      v.numel() + s.numel() * 4)
+    return calls, q.numel() * 2
+
+
+def copy_rate(nbytes):
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = graph_time_ms(lambda: dst.copy_(src))
+    return 2 * nbytes / (ms * 1e-3) / 1e12
+
+
+def main():
+    ops = load_ops()
+    print(torch.cuda.get_device_name(), flush=True)
+    rows = [
+        ("HeavyRerank", lambda: padded_call(ops, 32, 100, 32, 256, 128)),
+        ("HeavyRerank bf16", lambda: padded_call(ops, 32, 100, 32, 256, 128, torch.bfloat16)),
+        ("SingleQueryRerank", lambda: padded_call(ops, 1, 1000, 32, 300, 128)),
+        ("ColPaliRerank", lambda: padded_call(ops, 16, 64, 32, 1030, 128)),
+        ("LongDocStress", lambda: padded_call(ops, 8, 16, 64, 1024, 128)),
+        ("RerankD512", lambda: padded_call(ops, 32, 50, 32, 180, 512)),
+        ("ColBERTCorpus", lambda: contrastive_call(ops, 32, 10_000, 32, 256, 128)),
+    ]
+    print(f"{'workload':<20} {'format':<6} {'ms':>8} {'x fp16':>7} {'TB/s':>6} {'mma.sync fp16 ms':>17}")
+    for name, make in rows:
+        calls, qbytes = make()
+        base = graph_time_ms(calls["fp16"][0])
+        os.environ["MAXSIM_CUDA_FORCE_MMA_SYNC"] = "1"
+        base_sync = graph_time_ms(calls["fp16"][0])
+        os.environ.pop("MAXSIM_CUDA_FORCE_MMA_SYNC")
+        for fmt, (fn, dbytes) in calls.items():
+            ms = base if fmt == "fp16" else graph_time_ms(fn)
+            tbs = (dbytes + qbytes) / (ms * 1e-3) / 1e12
+            extra = f"{base_sync:17.4f}" if fmt == "fp16" else ""
+            print(f"{name:<20} {fmt:<6} {ms:8.4f} {ms / base:7.3f} {tbs:6.2f} {extra}", flush=True)
+        del calls
+        torch.cuda.empty_cache()
+    print(f"copy rate (2 x 108 MB / time): {copy_rate(108 << 20):.2f} TB/s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
