@@ -82,21 +82,18 @@ inline float e4m3fn_to_float(uchar b) {
 
 template <typename T> struct PlainFormat {
   typedef T element;
-  enum { kScaled = 0 };
   static float widen(T v) { return float(v); }
   static float scaled(float x, device const float*, long) { return x; }
 };
 
 struct Int8Format {
   typedef char element;  // MSL's char is signed
-  enum { kScaled = 1 };
   static float widen(char v) { return float(v); }
   static float scaled(float x, device const float* scales, long row) { return x * scales[row]; }
 };
 
 struct E4M3Format {
   typedef uchar element;  // the e4m3fn bits
-  enum { kScaled = 1 };
   static float widen(uchar v) { return e4m3fn_to_float(v); }
   static float scaled(float x, device const float* scales, long row) { return x * scales[row]; }
 };

@@ -6,7 +6,8 @@ threadgroup memory and outputs poisoned with two different patterns) and must gi
 same bits each time (tests/metal_emulator.py). Under AddressSanitizer (.ci/metal.sh)
 every buffer is exactly its tensor's size. What this cannot show: that Apple's compiler
 accepts the source, Metal's fast-math numerics, the metallib embedding, the MPS glue
-(maxsim_metal/ops.mm), speed. docs/metal.md says what is and is not proven.
+(maxsim_metal/ops.mm), speed. docs/metal.md says what is and is not proven. Compressed
+(int8 / float8 e4m3fn) documents: tests/test_metal_emulated_compressed.py.
 """
 from __future__ import annotations
 
