@@ -636,7 +636,7 @@ def run(args):
         if fmt is None:
             plain[key] = (expected if "ms" in m else None, m)
         else:
-            compare_with_plain(row, *plain.get(key, (None, {})), expected)
+            compare_with_plain(row, *plain.get(key, (None, {})), expected if "ms" in m else None)
         results.append(row)
         print(progress_line(row), flush=True)
         del x
