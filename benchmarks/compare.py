@@ -19,8 +19,9 @@ Implementations (each wrapped so a failure is reported as n/a with its reason):
           [_train] with padded documents).
   Both peers are Triton packages: they run on CUDA only.
 
-Compressed documents (--documents; CUDA default: plain, int8 and float8_e4m3fn on the
-workloads workloads.COMPRESSED names, plain elsewhere; CPU default: plain). A compressed row
+Compressed documents (--documents; default "auto": on CUDA plain, int8 and float8_e4m3fn
+rows for the workloads workloads.COMPRESSED names and plain rows elsewhere, on the CPU plain
+rows only; formats named explicitly apply to every scoring workload named in --workloads). A compressed row
 scores the same float documents as the plain row before it, quantised once with
 maxsim.quantize_documents (one float32 scale per token) before any timing, the queries in
 the row's dtype. Implementations:
@@ -534,8 +535,11 @@ def rows_to_run(args):
             layouts = ["full", "ragged"] if args.layout == "both" else [args.layout]
         if w.surface == "packed":
             layouts = ["ragged"]
+        # --documents auto: compressed rows only on the workloads W.COMPRESSED names; a
+        # format named explicitly applies to every scoring workload asked for.
         formats = [None]
-        if not w.train and (w.name in W.COMPRESSED or args.workloads not in ("all", "default")):
+        named = args.documents != "auto" and args.workloads not in ("all", "default")
+        if not w.train and (w.name in W.COMPRESSED or named):
             formats = document_formats(args.documents, device)
         rows += [(w, dt, lay, fmt) for dt in dtypes for lay in layouts for fmt in formats]
     return rows

@@ -359,6 +359,10 @@ def test_compare_plans_compressed_rows_after_their_plain_row():
     assert ("SingleQueryRerankPacked", "float16", "ragged", "int8") in plan
     assert ("ColPaliCorpus", "float16", "ragged", "float8_e4m3fn") in plan
     assert not any(fmt for name, _, _, fmt in plan if name in ("Rerank", "BigColBERT", "RerankD256"))
+    args.workloads = "Rerank,HeavyRerankPacked,BigBatch"        # auto: the compressed set only
+    assert [(w.name, fmt) for w, _, _, fmt in COMPARE.rows_to_run(args)] == [
+        ("Rerank", None), ("Rerank", None), ("HeavyRerankPacked", None),
+        ("HeavyRerankPacked", "int8"), ("HeavyRerankPacked", "float8_e4m3fn"), ("BigBatch", None)]
     args.device = "cpu"
     args.workloads = "default"
     assert all(fmt is None for *_, fmt in COMPARE.rows_to_run(args))   # CPU default: plain only
