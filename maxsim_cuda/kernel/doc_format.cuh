@@ -6,9 +6,9 @@
 // documents never reach global memory. Torch-free.
 //
 // Exactness: int8 values and e4m3 values are exact in fp16 and bf16, so the tensor-core
-// products are exact and accumulate in fp32 as for 16-bit documents. The e4m3 widening below
-// yields value * 2^-8 (the bits need no exponent rebias that way); kScaleFactor puts the
-// 2^8 back into the row scale, and acc * (scale * 2^8) == (acc * 2^8) * scale exactly.
+// products are exact and accumulate in fp32 as for 16-bit documents. The B fragments hold the
+// values themselves, all of them normal numbers: mma.sync flushes fp16 subnormal inputs to
+// zero (seen on an H100), which the e4m3 subnormals would become at any smaller scale.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -30,12 +30,10 @@ struct DocTraits {  // kNative: the documents share the queries' type (Elem)
 template <>
 struct DocTraits<DocFormat::kInt8> {
   static constexpr bool kCompressed = true;
-  static constexpr float kScaleFactor = 1.f;
 };
 template <>
 struct DocTraits<DocFormat::kE4M3> {
   static constexpr bool kCompressed = true;
-  static constexpr float kScaleFactor = 256.f;
 };
 template <DocFormat F>
 constexpr bool is_compressed() {
@@ -61,9 +59,17 @@ __device__ __forceinline__ uint32_t lop3_select(uint32_t a, uint32_t b, uint32_t
 // ---- one 32-bit word of four document bytes -> two mma B registers of 16-bit pairs ----
 //
 // Which bytes land in which register half is the format's k permutation; the query A
-// fragments are loaded with the same one (kPairBytes), so the dot products are unchanged:
-//   int8: lo = (byte 0, byte 1), hi = (byte 2, byte 3)
-//   e4m3: lo = (byte 0, byte 2), hi = (byte 1, byte 3)
+// fragments are loaded with the same one (PairBytes), so the dot products are unchanged:
+//   int8, and e4m3 on sm_89+:  lo = (byte 0, byte 1), hi = (byte 2, byte 3)
+//   e4m3 before sm_89:         lo = (byte 0, byte 2), hi = (byte 1, byte 3)
+// sm_89+ widens e4m3 with cvt.rn.f16x2.e4m3x2 (one instruction a pair, NaN and subnormals
+// exact); older chips by bit moves. Both are device code of the same arch's pass, so the
+// documents' and the queries' permutations always agree.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define MAXSIM_E4M3_CVT 1
+#else
+#define MAXSIM_E4M3_CVT 0
+#endif
 template <DocFormat F>
 struct PairBytes;
 template <>
@@ -72,7 +78,7 @@ struct PairBytes<DocFormat::kInt8> {
 };
 template <>
 struct PairBytes<DocFormat::kE4M3> {
-  static constexpr int lo0 = 0, lo1 = 2, hi0 = 1, hi1 = 3;
+  static constexpr int lo0 = 0, lo1 = MAXSIM_E4M3_CVT ? 1 : 2, hi0 = MAXSIM_E4M3_CVT ? 2 : 1, hi1 = 3;
 };
 
 // int8 -> fp16: byte x ^ 0x80 = x + 128 placed under the exponent byte 0x64 is the half
@@ -90,14 +96,33 @@ __device__ __forceinline__ void int8x4_to_half2x2(uint32_t w, uint32_t& lo, uint
 // e4m3fn -> fp16 bits of value * 2^-8: sign to bit 15, the 7 exponent+mantissa bits to bits
 // 7..13 (e4m3 subnormals become fp16 subnormals, exactly). NaN bytes (magnitude 0x7f) get a
 // marker in bit 14 as well, which makes the half's exponent all ones with a nonzero mantissa:
-// NaN. (mag + 1 carries into bit 7 only for mag == 0x7f.)
-__device__ __forceinline__ void e4m3x4_to_half2x2(uint32_t w, uint32_t& lo, uint32_t& hi) {
+// NaN. (mag + 1 carries into bit 7 only for mag == 0x7f.) The caller multiplies by 2^8.
+__device__ __forceinline__ void e4m3x4_to_scaled_half2x2(uint32_t w, uint32_t& lo, uint32_t& hi) {
   const uint32_t mag = w & 0x7f7f7f7fu;
   const uint32_t v = ((mag + 0x01010101u) & 0x80808080u) | mag;  // marker | magnitude per byte
   const uint32_t sign = w & 0x80808080u;
   constexpr uint32_t kField = 0x7f807f80u;  // bits 7..14 of each half
   hi = lop3_select(v >> 1, sign, kField);        // bytes 1, 3: already in each half's top byte
   lo = lop3_select(v << 7, sign << 8, kField);   // bytes 0, 2
+}
+
+__device__ __forceinline__ uint32_t hmul2_bits(uint32_t x, uint32_t y) {
+  const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&x), *reinterpret_cast<const __half2*>(&y));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// e4m3fn -> fp16 values (see PairBytes for the byte order).
+__device__ __forceinline__ void e4m3x4_to_half2x2(uint32_t w, uint32_t& lo, uint32_t& hi) {
+#if MAXSIM_E4M3_CVT
+  const unsigned short w_lo = static_cast<unsigned short>(w & 0xffffu), w_hi = static_cast<unsigned short>(w >> 16);
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(lo) : "h"(w_lo));
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(hi) : "h"(w_hi));
+#else
+  e4m3x4_to_scaled_half2x2(w, lo, hi);
+  // x 2^8, exact (fp16 arithmetic keeps subnormal inputs; the result is normal)
+  lo = hmul2_bits(lo, 0x5c005c00u);
+  hi = hmul2_bits(hi, 0x5c005c00u);
+#endif
 }
 
 __device__ __forceinline__ uint32_t half2_to_bf162_bits(uint32_t h) {
@@ -273,8 +298,6 @@ __device__ __forceinline__ void scale_columns(float (&acc)[MT][NT][4], uint32_t 
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     float2 s = ld_shared_f2(scale_base + 4u * uint32_t(cols0 + nt * 8));
-    s.x *= DocTraits<F>::kScaleFactor;
-    s.y *= DocTraits<F>::kScaleFactor;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       acc[mt][nt][0] *= s.x;

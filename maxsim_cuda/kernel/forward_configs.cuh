@@ -307,6 +307,18 @@ struct CompressedKConfig<T, 64, F> { using type = MmaKMainloop<T, 64, 64, 4, 2, 
 template <class T, DocFormat F>
 struct CompressedKConfig<T, 128, F> { using type = MmaKMainloop<T, 128, 64, 4, 2, 64, 4, 1, F>; };
 
+// Experiment knob (read per call): MAXSIM_CUDA_COMPRESSED_CFG=1|2 runs padded / packed calls
+// of <= 32 query rows and dim <= 128 on 8 warps, 2 CTAs per SM (1: 2 x 4 warps of 16 query
+// rows, 2: 1 x 8 warps of 32), instead of 1 x 4 warps, 3 CTAs per SM.
+template <class T, int KD, DocFormat F>
+struct CompressedRerankWide { using type = MmaMainloop<T, KD, 32, 128, 2, 4, 6, 2, F>; };
+template <class T, int KD, DocFormat F>
+struct CompressedRerankWideCols { using type = MmaMainloop<T, KD, 32, 128, 1, 8, 6, 2, F>; };
+inline int compressed_variant() {
+  const char* e = std::getenv("MAXSIM_CUDA_COMPRESSED_CFG");
+  return e != nullptr && (e[0] == '1' || e[0] == '2') ? e[0] - '0' : 0;
+}
+
 template <class T, DocFormat F, int SURF>
 cudaError_t launch_compressed_surface(const ForwardParams& p) {
   const int bm = pick_bm(p);
@@ -321,6 +333,17 @@ cudaError_t launch_compressed_surface(const ForwardParams& p) {
       return run_surface<typename CompressedKConfig<T, 128, F>::type, SURF>(p);
     }
     const int kd = p.dim <= 64 ? 64 : (p.dim <= 128 ? 128 : 256);
+    if constexpr (!is_contrastive(SURF)) {
+      const int v = bm == 32 && kd <= 128 ? compressed_variant() : 0;
+      if (v == 1) {
+        return kd == 64 ? run_surface<typename CompressedRerankWide<T, 64, F>::type, SURF>(p)
+                        : run_surface<typename CompressedRerankWide<T, 128, F>::type, SURF>(p);
+      }
+      if (v == 2) {
+        return kd == 64 ? run_surface<typename CompressedRerankWideCols<T, 64, F>::type, SURF>(p)
+                        : run_surface<typename CompressedRerankWideCols<T, 128, F>::type, SURF>(p);
+      }
+    }
 #define MAXSIM_COMPRESSED_CASE(KD_, BM_) \
   if (kd == KD_ && bm == BM_)                                                                         \
     return run_surface<typename CompressedConfig<T, KD_, BM_, F, is_contrastive(SURF)>::type, SURF>(p);

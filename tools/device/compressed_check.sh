@@ -9,6 +9,9 @@ export MAXSIM_CUDA_ARCHS=${MAXSIM_CUDA_ARCHS-9.0a}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 status=0
 build_cuda || exit 1
+# the pre-sm_89 e4m3 widening, bit for bit against the hardware conversion
+nvcc -std=c++17 -I. --expt-relaxed-constexpr -arch=sm_90a -o /tmp/check_e4m3 tools/device/check_e4m3_widen.cu \
+  && /tmp/check_e4m3 || status=1
 python3 -m pytest -q -rs -p no:cacheprovider ${COMPRESSED_TESTS:-tests/test_cuda_compressed.py tests/test_compressed.py} \
   2>&1 | tee "$OUT/tests_compressed.log" | tail -n 30
 [[ ${PIPESTATUS[0]} == 0 ]] || status=1
