@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# The emulated Metal suite (tests/test_metal_emulated.py) as CI runs it, on a CPU machine:
+# The emulated Metal suite (tests/test_metal_emulated.py, and
+# tests/test_metal_emulated_compressed.py for int8 / float8 e4m3fn documents) as CI runs it,
+# on a CPU machine:
 #   1. the kernels under AddressSanitizer + UBSan (every buffer exactly its tensor's size),
 #      each launch in three thread orders with two poison patterns;
 #   2. the flavour-independent checks on the plain build: the ThreadSanitizer program
-#      (real threads) and the kernel mutations the suite must catch.
-# Needs g++ with libasan/libtsan (Debian: g++). About 6 minutes on 2 cores.
+#      (real threads; float, int8 and e4m3fn documents) and the kernel mutations the suite
+#      must catch: the forward's staging and simdgroup barriers removed, a tile bound off by
+#      one, the backward's batch barrier removed; for compressed documents the scale applied
+#      after the max, the e4m3fn exponent bias off by one, int8 widened as unsigned, and
+#      grad_queries without the scale.
+# Needs g++ with libasan/libtsan (Debian: g++). About 15 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
+TESTS=(tests/test_metal_emulated.py tests/test_metal_emulated_compressed.py)
 
 "$PY" tools/metal_emu/build.py plain asan tsan
 
@@ -16,8 +23,8 @@ PY="${PYTHON:-python3}"
 LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)" \
 ASAN_OPTIONS="detect_leaks=0" UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
 MAXSIM_METAL_EMU=asan \
-  "$PY" -m pytest tests/test_metal_emulated.py -q -p no:cacheprovider --capture=sys \
+  "$PY" -m pytest "${TESTS[@]}" -q -p no:cacheprovider --capture=sys \
     -k "not thread_sanitizer and not mutations"
 
 MAXSIM_METAL_EMU=plain \
-  "$PY" -m pytest tests/test_metal_emulated.py -q -p no:cacheprovider -k "thread_sanitizer or mutations"
+  "$PY" -m pytest "${TESTS[@]}" -q -p no:cacheprovider -k "thread_sanitizer or mutations"
