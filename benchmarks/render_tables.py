@@ -292,11 +292,13 @@ COMPRESSED_TITLE = (
     "the plain row scores the same documents in the query dtype; bytes moved = values + scales + "
     "queries + float32 scores):")
 COMPRESSED_LEGEND = (
-    "- compressed rows: LIK fp8 = late_interaction_kernels maxsim_inference_fp8 with its own "
-    "per-token quantiser on both sides (the queries are fp8 too); FM int8 / FM int8 affine = "
+    "- compressed rows: max score change = largest |compressed - plain| maxsim score on these "
+    "random inputs")
+COMPRESSED_PEER_LEGEND = (
+    "; LIK fp8 = late_interaction_kernels maxsim_inference_fp8 with its own per-token quantiser "
+    "on both sides (the queries are fp8 too); FM int8 / FM int8 affine = "
     "flash_maxsim_int8_symmetric (int8, fp16 scale) / flash_maxsim_int8 (uint8, fp16 scale and "
-    "minimum) with their own quantisers, queries in fp16; – = no entry point for that format; "
-    "max score change = largest |compressed - plain| maxsim score on these random inputs")
+    "minimum) with their own quantisers, queries in fp16; – = no entry point for that format")
 
 
 def render(data):
@@ -323,7 +325,8 @@ def render(data):
     if compressed:
         parts += [COMPRESSED_TITLE,
                   compressed_table(data, compressed_groups(all_results), peers, naive, graph)]
-        extra = compressed_notes(compressed, peers) + [COMPRESSED_LEGEND]
+        extra = compressed_notes(compressed, peers) + \
+            [COMPRESSED_LEGEND + (COMPRESSED_PEER_LEGEND if peers else "")]
     parts.append("\n".join(notes(data, shown, dropped, results, all_results, extra)))
     return "\n\n".join(parts) + "\n"
 
