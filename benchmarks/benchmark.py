@@ -57,7 +57,8 @@ def _with_workloads(*names):
     return add
 
 
-RERANK = ("SmallRerank", "Rerank", "HeavyRerank", "LongDocStress", "ColPaliRerank")
+RERANK = ("SmallRerank", "Rerank", "HeavyRerank", "LongDocStress", "ColPaliRerank",
+          "SingleQueryRerank")
 
 
 @_with_workloads(*RERANK)
