@@ -253,7 +253,10 @@ def check_grad_queries(case, g, argmax, grad_q):
             mag[row] += term.abs()
     got = grad_q.cpu().double().reshape(-1, D)
     eps = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32: 2.0 ** -24}[case.qdtype]
-    tol = mag * 2.0 ** -20 + want.abs() * eps + 1e-30
+    # the gradient is stored in the queries' dtype: float16 rounds values below 2^-14 to a
+    # multiple of 2^-24 (its subnormals), which small e4m3 values times small scales reach
+    tiny = {torch.float16: 2.0 ** -25}.get(case.qdtype, 0.0)
+    tol = mag * 2.0 ** -20 + want.abs() * eps + tiny + 1e-30
     bad = (got - want).abs() > tol
     assert not bad.any(), (bad.nonzero()[:5], got[bad][:5], want[bad][:5])
 
@@ -452,24 +455,57 @@ def test_argmax_matches_cpu_backend(ops, surface, fmt):
     assert compared > 0
 
 
-def test_errors(ops):
-    gen = torch.Generator().manual_seed(51)
-    case = Case("padded", "int8", torch.float16, 64, 8, gen).cuda_inputs()
-    q, v, s, ql, dl = case.qc, case.vc, case.sc, case.qlc, case.ic[1]
-    with pytest.raises(RuntimeError, match="document_scales"):
-        ops.padded_forward(q, v, ql, dl, False, None)
-    with pytest.raises(RuntimeError, match="document_scales"):
-        ops.padded_forward(q, v.float().half(), ql, dl, False, s)
-    with pytest.raises(RuntimeError, match="document_scales"):
-        ops.padded_forward(q, v, ql, dl, False, s.double())
-    with pytest.raises(RuntimeError, match="document_scales"):
-        ops.padded_forward(q, v, ql, dl, False, s[:-1])
-    with pytest.raises(RuntimeError, match="queries"):
-        ops.padded_forward(q.double(), v, ql, dl, False, s)
-    _, a = ops.padded_forward(q, v, ql, dl, True, s)
-    g = torch.ones(a.shape[:2], device=CUDA)
-    with pytest.raises(RuntimeError, match="no gradient"):
-        ops.padded_backward(g, q, v, ql, dl, a, True, True, s)
+ERROR_CHECKS = r"""
+import importlib, sys, torch
+from pathlib import Path
+import kernels
+ms = kernels.get_local_kernel(Path(sys.argv[1]), backend="cuda")
+ops = importlib.import_module(ms.__name__ + "._ops").ops
+dev = torch.device("cuda")
+q = torch.randn(2, 8, 64, device=dev, dtype=torch.float16)
+v = torch.randint(-127, 128, (2, 3, 16, 64), device=dev, dtype=torch.int8)
+s = torch.rand(2 * 3 * 16, device=dev)
+ql = torch.tensor([8, 5], device=dev)
+dl = torch.full((2, 3), 16, device=dev)
+_, a = ops.padded_forward(q, v, ql, dl, True, s)
+g = torch.ones(2, 3, device=dev)
+checks = {
+    "missing": lambda: ops.padded_forward(q, v, ql, dl, False, None),
+    "float_documents": lambda: ops.padded_forward(q, v.half(), ql, dl, False, s),
+    "float64_scales": lambda: ops.padded_forward(q, v, ql, dl, False, s.double()),
+    "short_scales": lambda: ops.padded_forward(q, v, ql, dl, False, s[:-1]),
+    "cpu_scales": lambda: ops.padded_forward(q, v, ql, dl, False, s.cpu()),
+    "float64_queries": lambda: ops.padded_forward(q.double(), v, ql, dl, False, s),
+    "grad_documents": lambda: ops.padded_backward(g, q, v, ql, dl, a, True, True, s),
+}
+for name, call in checks.items():
+    try:
+        call()
+        print(name, "NO ERROR", flush=True)
+    except RuntimeError as e:
+        print(name, "|", str(e).splitlines()[0], flush=True)
+"""
+
+
+def test_errors(tmp_path):
+    """Each bad call raises a message naming the argument. In a subprocess: on the H100 a
+    pytest session crashed (segfault) inside one of these calls, a different one in each of
+    two runs, so a crash here fails this test alone."""
+    import subprocess
+    import sys
+
+    from conftest import KERNEL_REPO
+
+    load_kernel("cuda")
+    result = subprocess.run([sys.executable, "-c", ERROR_CHECKS, str(KERNEL_REPO)], capture_output=True,
+                            text=True, timeout=300)
+    out = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
+    assert result.returncode == 0, (result.returncode, result.stdout[-2000:], result.stderr[-2000:])
+    want = {"missing": "document_scales", "float_documents": "document_scales",
+            "float64_scales": "document_scales", "short_scales": "document_scales",
+            "cpu_scales": "document_scales", "float64_queries": "queries", "grad_documents": "no gradient"}
+    for name, word in want.items():
+        assert name in out and word in out[name], (name, out.get(name))
 
 
 def test_zero_dim_and_empty(ops):

@@ -7,8 +7,8 @@
 //
 // Exactness: int8 values and e4m3 values are exact in fp16 and bf16, so the tensor-core
 // products are exact and accumulate in fp32 as for 16-bit documents. The B fragments hold the
-// values themselves, all of them normal numbers: mma.sync flushes fp16 subnormal inputs to
-// zero (seen on an H100), which the e4m3 subnormals would become at any smaller scale.
+// values themselves, all normal numbers (e4m3's smallest, 2^-9, is a normal fp16), so nothing
+// depends on how the tensor cores treat subnormal inputs.
 #pragma once
 
 #include <cuda_bf16.h>

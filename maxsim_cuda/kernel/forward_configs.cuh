@@ -276,6 +276,8 @@ cudaError_t launch_forward_simt(const ForwardParams& p) {
 // the tile's columns rather than the query rows where the registers allow (BM = 32: 1 x 4
 // warps of 32 query rows), since every warp widens the document bytes it multiplies:
 // columns split over warps are widened once, query rows split over warps once per warp.
+// (H100, HeavyRerank: 8 warps, 2 CTAs per SM, as 2 x 4 or 1 x 8 warps, 6 stages, were
+// 1.2x / 1.5x slower than this 1 x 4, 3 CTAs; SingleQueryRerank and ColPaliRerank likewise.)
 // (ptxas, sm_90a: none of these spills. The BM = 32 shape's three CTAs per SM cap a thread
 // at 168 registers, which the contrastive policies' extra state overruns by a few bytes:
 // there two CTAs; BM = 64 takes 64-row tiles and 6 stages under its 128-register cap.)
@@ -307,18 +309,6 @@ struct CompressedKConfig<T, 64, F> { using type = MmaKMainloop<T, 64, 64, 4, 2, 
 template <class T, DocFormat F>
 struct CompressedKConfig<T, 128, F> { using type = MmaKMainloop<T, 128, 64, 4, 2, 64, 4, 1, F>; };
 
-// Experiment knob (read per call): MAXSIM_CUDA_COMPRESSED_CFG=1|2 runs padded / packed calls
-// of <= 32 query rows and dim <= 128 on 8 warps, 2 CTAs per SM (1: 2 x 4 warps of 16 query
-// rows, 2: 1 x 8 warps of 32), instead of 1 x 4 warps, 3 CTAs per SM.
-template <class T, int KD, DocFormat F>
-struct CompressedRerankWide { using type = MmaMainloop<T, KD, 32, 128, 2, 4, 6, 2, F>; };
-template <class T, int KD, DocFormat F>
-struct CompressedRerankWideCols { using type = MmaMainloop<T, KD, 32, 128, 1, 8, 6, 2, F>; };
-inline int compressed_variant() {
-  const char* e = std::getenv("MAXSIM_CUDA_COMPRESSED_CFG");
-  return e != nullptr && (e[0] == '1' || e[0] == '2') ? e[0] - '0' : 0;
-}
-
 template <class T, DocFormat F, int SURF>
 cudaError_t launch_compressed_surface(const ForwardParams& p) {
   const int bm = pick_bm(p);
@@ -333,17 +323,6 @@ cudaError_t launch_compressed_surface(const ForwardParams& p) {
       return run_surface<typename CompressedKConfig<T, 128, F>::type, SURF>(p);
     }
     const int kd = p.dim <= 64 ? 64 : (p.dim <= 128 ? 128 : 256);
-    if constexpr (!is_contrastive(SURF)) {
-      const int v = bm == 32 && kd <= 128 ? compressed_variant() : 0;
-      if (v == 1) {
-        return kd == 64 ? run_surface<typename CompressedRerankWide<T, 64, F>::type, SURF>(p)
-                        : run_surface<typename CompressedRerankWide<T, 128, F>::type, SURF>(p);
-      }
-      if (v == 2) {
-        return kd == 64 ? run_surface<typename CompressedRerankWideCols<T, 64, F>::type, SURF>(p)
-                        : run_surface<typename CompressedRerankWideCols<T, 128, F>::type, SURF>(p);
-      }
-    }
 #define MAXSIM_COMPRESSED_CASE(KD_, BM_) \
   if (kd == KD_ && bm == BM_)                                                                         \
     return run_surface<typename CompressedConfig<T, KD_, BM_, F, is_contrastive(SURF)>::type, SURF>(p);

@@ -119,15 +119,10 @@ def main():
         base_sync = graph_time_ms(calls["fp16"][0])
         os.environ.pop("MAXSIM_CUDA_FORCE_MMA_SYNC")
         for fmt, (fn, dbytes) in calls.items():
-            variants = ("",) if fmt == "fp16" or name == "ColBERTCorpus" else ("", "1", "2")
-            for variant in variants:
-                if variant:
-                    os.environ["MAXSIM_CUDA_COMPRESSED_CFG"] = variant
-                ms = base if fmt == "fp16" else graph_time_ms(fn)
-                os.environ.pop("MAXSIM_CUDA_COMPRESSED_CFG", None)
-                tbs = (dbytes + qbytes) / (ms * 1e-3) / 1e12
-                extra = f"{base_sync:17.4f}" if fmt == "fp16" else (f"  cfg {variant}" if variant else "")
-                print(f"{name:<20} {fmt:<6} {ms:8.4f} {ms / base:7.3f} {tbs:6.2f} {extra}", flush=True)
+            ms = base if fmt == "fp16" else graph_time_ms(fn)
+            tbs = (dbytes + qbytes) / (ms * 1e-3) / 1e12
+            extra = f"{base_sync:17.4f}" if fmt == "fp16" else ""
+            print(f"{name:<20} {fmt:<6} {ms:8.4f} {ms / base:7.3f} {tbs:6.2f} {extra}", flush=True)
         del calls
         torch.cuda.empty_cache()
     print(f"copy rate (2 x 108 MB / time): {copy_rate(108 << 20):.2f} TB/s")
