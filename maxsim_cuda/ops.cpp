@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "maxsim_cuda/launch.h"
@@ -80,8 +81,10 @@ const float* scales_of(const at::Tensor& q, const at::Tensor& d, const std::opti
   TORCH_CHECK(sc.scalar_type() == at::kFloat, "maxsim: document_scales must be float32, got ", sc.scalar_type());
   TORCH_CHECK(sc.is_contiguous(), "maxsim: document_scales must be contiguous");
   const int64_t rows = d.size(-1) > 0 ? d.numel() / d.size(-1) : 0;
-  TORCH_CHECK(sc.numel() == rows, "maxsim: document_scales must have one entry per document row (", rows,
-              "), got ", sc.numel());
+  // The counts go in as strings: streaming an integer into the message (c10::str) crashed
+  // the process (SIGSEGV in the module's own std::ostream::_M_insert<long>, H100 build).
+  TORCH_CHECK(sc.numel() == rows, "maxsim: document_scales must have one entry per document row (",
+              std::to_string(rows), "), got ", std::to_string(sc.numel()));
   return sc.numel() > 0 ? sc.data_ptr<float>() : nullptr;
 }
 

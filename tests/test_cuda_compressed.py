@@ -488,9 +488,9 @@ for name, call in checks.items():
 
 
 def test_errors(tmp_path):
-    """Each bad call raises a message naming the argument. In a subprocess: on the H100 a
-    pytest session crashed (segfault) inside one of these calls, a different one in each of
-    two runs, so a crash here fails this test alone."""
+    """Each bad call raises a message naming the argument. In a subprocess, so that a crash
+    fails this test alone: the short-scales message once streamed integers, which crashed
+    the process on the H100 (SIGSEGV in the module's std::ostream::_M_insert<long>)."""
     import subprocess
     import sys
 
