@@ -102,9 +102,9 @@ def test_scores_and_argmax(device, surface, fmt, query_dtype, rng):
     assert_scores(scores, expect, input_dtype=query_dtype)
     assert_argmax(argmax, expect)
     # the references take the compressed form too, with the same result
-    ref = getattr(ms, case.fn + "_reference")(
-        *dataclasses.replace(run, queries=run.queries.double()).to("cpu").args(),
-        **run.kwargs(), document_scales=scales.cpu())
+    on_cpu = dataclasses.replace(run, queries=run.queries.double()).to("cpu")
+    ref = getattr(ms, case.fn + "_reference")(*on_cpu.args(), **on_cpu.kwargs(),
+                                               document_scales=scales.cpu())
     assert_scores(ref, expect.to("cpu"), input_dtype=torch.float64)
 
 
@@ -313,7 +313,8 @@ def test_cpu_instruction_sets(isa):
         "print('ok')\n"
     )
     here = Path(__file__).resolve().parent
-    env = dict(os.environ, MAXSIM_CPU_ISA=isa, PYTHONPATH=str(here))
+    path = os.pathsep.join(p for p in (str(here), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, MAXSIM_CPU_ISA=isa, PYTHONPATH=path)
     result = subprocess.run([sys.executable, "-c", script], cwd=here, env=env, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
