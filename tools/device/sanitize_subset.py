@@ -1,5 +1,6 @@
 """A small CUDA workload for compute-sanitizer: every public entry point once, per dtype,
-on ragged inputs with odd sizes (partial tiles), empty segments and a bad pair id; then the
+on ragged inputs with odd sizes (partial tiles), empty segments and a bad pair id, with float
+documents and with int8 / float8 ones; then the
 half-precision padded and packed calls again with the sm_90a kernel forced on them (by
 default it takes only long documents or dim > 128), in both of its padded shapes.
 
@@ -60,9 +61,42 @@ def every_entry_point(dtype, dim):
     maxsim.score_pairs_packed_with_argmax(pq_tok, qoffs, docs, offs, pq, bad, max_q_len=300)
 
 
+def compressed_entry_points(dtype, dim, fmt):
+    """Every surface with int8 / float8 documents (one scale per token), query gradients."""
+    b, c, lq, ld = 3, 5, 37, 141
+    q = rand(b, lq, dim, dtype=dtype).requires_grad_()
+    v, s = maxsim.quantize_documents(rand(b, c, ld, dim, dtype=torch.float32), fmt)
+    ql = torch.tensor([lq, 0, 17], device=dev)
+    dl = torch.randint(0, ld + 1, (b, c), generator=gen).to(dev)
+    dl[0, 0] = 0
+    maxsim.score_candidates_padded_with_argmax(q, v, ql, dl, document_scales=s)
+    maxsim.score_candidates_padded_train(q, v, ql, dl, document_scales=s).sum().backward()
+    doc_lens = torch.tensor([0, 5, 141, 64, 1])
+    offs = torch.cat([torch.zeros(1, dtype=torch.long), doc_lens.cumsum(0)]).to(dev)
+    dv, ds = maxsim.quantize_documents(rand(int(doc_lens.sum()), dim, dtype=torch.float32), fmt)
+    cq = rand(4, lq, dim, dtype=dtype).requires_grad_()
+    cql = torch.tensor([lq, 1, 0, 20], device=dev)
+    maxsim.score_contrastive_train(cq, dv, offs, query_lengths=cql, document_scales=ds).sum().backward()
+    pv, ps = maxsim.quantize_documents(rand(5, ld, dim, dtype=torch.float32), fmt)
+    plens = torch.tensor([0, 5, ld, 64, 1], device=dev, dtype=torch.int32)
+    maxsim.score_contrastive_padded_train(cq, pv, plens, query_lengths=cql,
+                                          document_scales=ps).sum().backward()
+    q_lens = torch.tensor([7, 0, 300, 33])
+    qoffs = torch.cat([torch.zeros(1, dtype=torch.long), q_lens.cumsum(0)]).to(dev)
+    pq_tok = rand(int(q_lens.sum()), dim, dtype=dtype).requires_grad_()
+    pq = torch.tensor([0, 1, 2, 3, 2, 0, 3], device=dev, dtype=torch.int32)
+    pd = torch.tensor([1, 2, 2, 0, 4, 3, 99], device=dev, dtype=torch.int32)  # 99: out of range
+    out = maxsim.score_pairs_packed_train(pq_tok, qoffs, dv, offs, pq, pd, max_q_len=300,
+                                          document_scales=ds)
+    assert torch.isnan(out[6]), out
+    out[:6].sum().backward()
+
+
 for dtype in (torch.float16, torch.bfloat16, torch.float32):
     for dim in (3, 128, 300):
         every_entry_point(dtype, dim)
+        for fmt in ("int8", "float8_e4m3fn"):
+            compressed_entry_points(dtype, dim, fmt)
 os.environ.update(MAXSIM_CUDA_HOPPER_PADDED="1", MAXSIM_CUDA_HOPPER_PACKED="1")
 for ctas in ("2", "1"):
     os.environ["MAXSIM_CUDA_HOPPER_PADDED_CTAS"] = ctas
