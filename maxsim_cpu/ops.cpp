@@ -44,7 +44,7 @@ const float* document_scales_of(const at::Tensor& queries, const at::Tensor& doc
   TORCH_CHECK(queries.scalar_type() != at::kDouble,
               "maxsim_cpu: compressed documents pair with float16, bfloat16 or float32 queries");
   const at::Tensor& sc = *scales;
-  const int64_t rows = documents.size(-1) > 0 ? documents.numel() / documents.size(-1) : 0;
+  const int64_t rows = c10::multiply_integers(documents.sizes().slice(0, documents.dim() - 1));
   TORCH_CHECK(sc.device().is_cpu() && sc.is_contiguous() && sc.scalar_type() == at::kFloat &&
                   sc.numel() == rows,
               "maxsim_cpu: document_scales must be contiguous float32 CPU with one entry per document row");

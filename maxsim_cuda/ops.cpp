@@ -80,7 +80,7 @@ const float* scales_of(const at::Tensor& q, const at::Tensor& d, const std::opti
   check_device(sc, q, "document_scales");
   TORCH_CHECK(sc.scalar_type() == at::kFloat, "maxsim: document_scales must be float32, got ", sc.scalar_type());
   TORCH_CHECK(sc.is_contiguous(), "maxsim: document_scales must be contiguous");
-  const int64_t rows = d.size(-1) > 0 ? d.numel() / d.size(-1) : 0;
+  const int64_t rows = c10::multiply_integers(d.sizes().slice(0, d.dim() - 1));  // also when dim == 0
   // The counts go in as strings: streaming an integer into the message (c10::str) crashed
   // the process (SIGSEGV in the module's own std::ostream::_M_insert<long>, H100 build).
   TORCH_CHECK(sc.numel() == rows, "maxsim: document_scales must have one entry per document row (",

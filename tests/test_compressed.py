@@ -210,6 +210,12 @@ def test_empty_and_degenerate(device, fmt, rng):
     values, scales = ms.quantize_documents(torch.randn(0, 16, device=dev), fmt)
     offsets = torch.zeros(1, dtype=torch.int64, device=dev)
     assert ms.score_contrastive(q, values, offsets, document_scales=scales).shape == (0, 0)
+    # dim 0: every similarity is 0 (times a finite scale), so a non-empty query scores 0
+    case = make_padded(rng, 2, 3, 4, 5, 0, device=dev, q_lens=[4, 0], d_lens=[[5, 0, 2], [1, 5, 5]])
+    run, scales, expect = compress(ms, case, fmt, torch.float16)
+    scores, argmax = call(ms, run, scales, "_with_argmax")
+    assert_scores(scores, expect, input_dtype=torch.float16)
+    assert_argmax(argmax, expect)
 
 
 def test_deterministic(device, rng):
