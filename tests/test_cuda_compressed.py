@@ -513,6 +513,7 @@ def test_zero_dim_and_empty(ops):
     v = torch.zeros(2, 2, 4, 0, device=CUDA, dtype=torch.int8)
     ql = torch.tensor([3, 0], device=CUDA)
     dl = torch.tensor([[4, 0], [2, 1]], device=CUDA)
-    s, a = ops.padded_forward(q, v, ql, dl, True, torch.empty(0, device=CUDA))
+    # one scale per document row (documents.shape[:-1]), as at any other dim
+    s, a = ops.padded_forward(q, v, ql, dl, True, torch.rand(2, 2, 4, device=CUDA) + 0.5)
     assert s.cpu().tolist() == [[0.0, float("-inf")], [0.0, 0.0]]
     assert (a[0, 0] == 0).all() and (a[0, 1] == -1).all() and (a[1] == -1).all()
