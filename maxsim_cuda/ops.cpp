@@ -72,15 +72,15 @@ void check_inputs(const at::Tensor& q, const at::Tensor& d, const std::optional<
   dtype_of(q);
 }
 
-// The kernels read one scale per document row: rows as documents.numel() / dim (none when
-// dim == 0, where every similarity is 0 and no scale is read).
+// The kernels read one scale per document row; the rows come from the documents' leading
+// sizes, as base_problem counts them (dim == 0 still has rows, their similarities all 0).
 const float* scales_of(const at::Tensor& q, const at::Tensor& d, const std::optional<at::Tensor>& scales) {
   if (!scales.has_value()) return nullptr;
   const at::Tensor& sc = *scales;
   check_device(sc, q, "document_scales");
   TORCH_CHECK(sc.scalar_type() == at::kFloat, "maxsim: document_scales must be float32, got ", sc.scalar_type());
   TORCH_CHECK(sc.is_contiguous(), "maxsim: document_scales must be contiguous");
-  const int64_t rows = c10::multiply_integers(d.sizes().slice(0, d.dim() - 1));  // also when dim == 0
+  const int64_t rows = c10::multiply_integers(d.sizes().slice(0, d.dim() - 1));
   // The counts go in as strings: streaming an integer into the message (c10::str) crashed
   // the process (SIGSEGV in the module's own std::ostream::_M_insert<long>, H100 build).
   TORCH_CHECK(sc.numel() == rows, "maxsim: document_scales must have one entry per document row (",
