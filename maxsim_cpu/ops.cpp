@@ -4,7 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include <string>
+#include <cstring>
 
 #include "maxsim_cpu/kernels.h"
 #include "torch-ext/torch_binding.h"
@@ -28,7 +28,7 @@ void check_data(const at::Tensor& t, const char* name, int64_t dim) {
   TORCH_CHECK(t.dim() == dim, "maxsim_cpu: ", name, " must have ", dim, " dimensions");
   const auto s = t.scalar_type();
   TORCH_CHECK(s == at::kFloat || s == at::kHalf || s == at::kBFloat16 || s == at::kDouble ||
-                  (is_compressed(s) && std::string(name) == "documents"),
+                  (is_compressed(s) && std::strcmp(name, "documents") == 0),
               "maxsim_cpu: ", name, " must be float32, float16, bfloat16 or float64");
 }
 

@@ -277,7 +277,6 @@ def test_errors(device, surface, rng):
 def test_op_refuses_document_gradient(cpu_kernel, rng):
     """Below the Python layer too: a backward op asked for grad_documents of compressed
     documents raises instead of writing anything."""
-    from conftest import load_kernel  # noqa: F401  (the module is loaded by the fixture)
     ms = cpu_kernel
     case = make_padded(rng, 2, 3, 4, 5, 8)
     values, scales = ms.quantize_documents(case.documents, "int8")
