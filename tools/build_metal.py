@@ -10,7 +10,8 @@
   4. the .mm (Objective-C++) and .cpp units with clang++ and -DMETAL_KERNEL, linked against
      torch and the Metal / Foundation frameworks.
 
-The staging copy, the op namespace hash and the package layout are tools/build.py's.
+The staging copy and the package layout are tools/package_layout.py's, as for the other
+variants; the op namespace hashes every input, as tools/build.py's does.
 MAXSIM_METAL_STD overrides -std (e.g. metal3.1 on an older Xcode); MAXSIM_METAL_DRY_RUN=1
 prints the commands instead of running them (how this file is checked on Linux).
 """
@@ -24,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import build as core  # tools/build.py
+import package_layout as layout  # build.toml's lists, staging, the package layout
 
 METALLIB_NAME = "maxsim_metallib.h"
 METALLIB_NAMESPACE = "maxsim_metallib"
@@ -35,7 +36,7 @@ def dry_run() -> bool:
 
 
 def run(cmd: list[str]) -> None:
-    core.log(" ".join(shlex.quote(c) for c in cmd))
+    layout.log(" ".join(shlex.quote(c) for c in cmd))
     if dry_run():
         return
     result = subprocess.run(cmd, capture_output=True, text=True)
@@ -70,13 +71,13 @@ inline id<MTLLibrary> createLibrary(id<MTLDevice> device, NSError** error = null
 """
 
 
-def build(config: dict, out: Path, write_package, variant: str) -> Path:
+def build(config: dict, out: Path) -> Path:
     import torch
 
     if sys.platform != "darwin" and not dry_run():
         raise SystemExit("the metal variant builds on macOS only (xcrun metal / metallib)")
-    files, units = core.units_of(config, "metal")
-    tables = core.kernel_tables(config, "metal")
+    files, units = layout.units_of(config, "metal")
+    tables = layout.kernel_tables(config, "metal")
     shaders = [f for f in files if f.endswith(".metal")]
     shader_includes = sorted({inc for t in tables for inc in t.get("include", [])})
     metal_std = os.environ.get("MAXSIM_METAL_STD", "metal4.0")
@@ -88,20 +89,20 @@ def build(config: dict, out: Path, write_package, variant: str) -> Path:
     digest = hashlib.sha256()
     for f in sorted(files):
         digest.update(f.encode())
-        digest.update((core.ROOT / f).read_bytes())
-    digest.update((core.GENERATED_STANDIN / "registration.h").read_bytes())
+        digest.update((layout.ROOT / f).read_bytes())
+    digest.update((layout.GENERATED_STANDIN / "registration.h").read_bytes())
     digest.update(" ".join(defines + cxx_base + [metal_std, torch.__version__]).encode())
     namespace = f"_maxsim_metal_{digest.hexdigest()[:7]}"
 
-    variant_dir = out / variant
+    variant_dir = out / layout.variant_name("metal")
     library = variant_dir / f"{namespace}.abi3.so"
-    work = core.ROOT / "build" / ".obj" / namespace
+    work = layout.ROOT / "build" / ".obj" / namespace
     staged = work / "src"
     if library.exists():
-        core.log(f"{library} is up to date")
-        write_package(variant_dir, namespace, config["general"], "metal", [])
+        layout.log(f"{library} is up to date")
+        layout.write_package(variant_dir, namespace, config["general"], "metal", [])
         return variant_dir
-    core.stage(files, staged)
+    layout.stage(files, staged)
     work.mkdir(parents=True, exist_ok=True)
 
     # 1-3: shaders -> .air -> .metallib -> embedded header
@@ -118,14 +119,14 @@ def build(config: dict, out: Path, write_package, variant: str) -> Path:
     (generated / METALLIB_NAME).write_text(metallib_header(b"" if dry_run() else metallib.read_bytes()))
 
     # 4: host units, then the link
-    sys_inc = [f"-I{p}" for p in core.system_includes("metal", None, work / "sys-include")]
+    sys_inc = [f"-I{p}" for p in layout.system_includes("metal", None, work / "sys-include")]
     objects = []
     for u in units:
         obj = work / (u.src.replace("/", "__") + ".o")
         lang = ["-x", "objective-c++"] if u.src.endswith(".mm") else []
         run([os.environ.get("CXX", "clang++"), *lang, *cxx_base, *u.cxx_flags, *defines,
              f"-DTORCH_EXTENSION_NAME={namespace}", *[f"-I{staged / inc}" for inc in u.includes],
-             f"-I{core.GENERATED_STANDIN}", f"-I{generated}", *sys_inc, "-c", str(staged / u.src),
+             f"-I{layout.GENERATED_STANDIN}", f"-I{generated}", *sys_inc, "-c", str(staged / u.src),
              "-o", str(obj)])
         objects.append(str(obj))
     torch_lib = Path(torch.__file__).parent / "lib"
@@ -138,5 +139,5 @@ def build(config: dict, out: Path, write_package, variant: str) -> Path:
         shutil.rmtree(variant_dir)
     variant_dir.mkdir(parents=True)
     shutil.copy2(work / library.name, library)
-    write_package(variant_dir, namespace, config["general"], "metal", [])
+    layout.write_package(variant_dir, namespace, config["general"], "metal", [])
     return variant_dir
