@@ -1,7 +1,8 @@
 // Exhaustive check, on an sm_89+ GPU, of the pre-sm_89 e4m3 widening (bit moves + one
 // hmul2 by 2^8, doc_format.cuh) against the hardware cvt.rn.f16x2.e4m3x2, for every byte
 // in every position of the word: the same fp16 bits, NaN for NaN (either sign).
-//   nvcc -std=c++17 -I. -arch=sm_90a -o /tmp/check_e4m3 tools/device/check_e4m3_widen.cu && /tmp/check_e4m3
+// `python3 tools/device/cli.py suite` compiles and runs it (from the repository root) whenever
+// tests/test_cuda_compressed.py is among the files it runs.
 #include <cstdio>
 
 #include "maxsim_cuda/kernel/doc_format.cuh"

@@ -1,10 +1,8 @@
 """maxsim.compat on a GPU: the adapter comparisons on CUDA, then a timing table.
 
-From the repository root, on a CUDA machine with PyLate 1.6.0 and colpali-engine 0.3.18
-installed (see docs/integrations.md for the wheels), optionally late-interaction-kernels:
-
-    python3 tools/device/compat_gpu.py            # tests, then timings
-    python3 tools/device/compat_gpu.py --no-tests # timings only
+Run through `python3 tools/device/cli.py bench compat [--no-tests]`, which installs PyLate
+1.6.0, colpali-engine 0.3.18 and late-interaction-kernels from the carried .whl/compat-*
+folders (`cli.py wheels --compat` downloads them) into build/compat-venv and runs this there.
 
 (a) runs tests/test_compat.py and tests/integrations/ (the `device` fixture covers CUDA when
     a GPU is present) with MAXSIM_REQUIRE_INTEGRATIONS=1, so a missing library fails;

@@ -1,4 +1,5 @@
-"""Scaling of maxsim.distributed over GPUs: run under torchrun, one process per GPU.
+"""Scaling of maxsim.distributed over GPUs: run under torchrun, one process per GPU
+(`python3 tools/device/cli.py bench distributed` runs it on 1 and 2 GPUs and prints the table).
 
     torchrun --nproc-per-node N tools/device/distributed_bench.py --units U [U ...] --json F
     python3 tools/device/distributed_bench.py --report F1 F2 ...   # the table

@@ -1,12 +1,15 @@
 """Where small calls spend their time: CUDA-event median of eager calls, host time per call,
-and GPU-only time (CUDA-graph replay), for maxsim and for the raw ops under it.
+and GPU-only time (CUDA-graph replay), for maxsim and for the raw ops under it. Run through
+`python3 tools/device/cli.py profile MODE ...` (which builds first); Nsight Compute runs the
+`once` and `call` modes directly (`cli.py profile --ncu`).
 
     python3 tools/device/overhead.py train    # Contrastive training step (Nq=Nb=32, Lq=32, Ld=80)
     python3 tools/device/overhead.py rerank   # the five rerank workloads, padded vs packed
     python3 tools/device/overhead.py split    # training workloads: forward / grad_q / grad_d GPU time
     python3 tools/device/overhead.py once NAME  # one forward + backward of a training workload (for ncu)
     python3 tools/device/overhead.py kernels    # GPU time (graph replay) of the forward on the issue-9 shapes
-    python3 tools/device/overhead.py call NAME LAYOUT  # one forward call of a workload (for ncu)
+    python3 tools/device/overhead.py call NAME LAYOUT [FORMAT]  # one forward call (for ncu);
+                                                 # FORMAT: int8 / float8_e4m3fn documents
     python3 tools/device/overhead.py floor      # eager - GPU time of the cheapest calls (host floor)
     python3 tools/device/overhead.py ab ENV=V[,ENV=V..] NAME:LAYOUT ...  # GPU time with / without knobs
 
@@ -186,8 +189,10 @@ def ab_probe(settings, shapes):
         print(f"{name:20s} {layout:6s} us per call: {line}", flush=True)
 
 
-def call(name, layout):
+def call(name, layout, fmt=None):
     x = W.build_inputs(W.WORKLOADS[name], "cuda", layout=layout)
+    if fmt:
+        x = W.compress(x, maxsim, fmt)
     W.maxsim_call(maxsim, x)
     W.maxsim_call(maxsim, x)
     torch.cuda.synchronize()
@@ -203,7 +208,7 @@ def once(name):
 if __name__ == "__main__":
     args = sys.argv[1:] or ["train"]
     if args[0] == "call":
-        call(args[1], args[2])
+        call(args[1], args[2], *args[3:4])
         sys.exit(0)
     if "kernels" in args:
         kernels_probe()

@@ -1,0 +1,83 @@
+"""tools/device/cli.py, the GPU machine's entry point, checked here without a GPU: every
+subcommand's --help, how the suite is split into parts, and what the suite would run."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import REPO_ROOT, _load_source_module
+
+CLI = _load_source_module("maxsim_device_cli", REPO_ROOT / "tools" / "device" / "cli.py")
+
+SUBCOMMANDS = (["suite"], ["sanitize"], ["bench", "compare"], ["bench", "compressed"],
+               ["bench", "compat"], ["bench", "distributed"], ["ab"], ["profile"], ["wheels"])
+
+
+@pytest.mark.parametrize("words", [[]] + [list(w) for w in SUBCOMMANDS], ids=" ".join)
+def test_every_subcommand_has_help(words, capsys):
+    with pytest.raises(SystemExit) as stop:
+        CLI.main([*words, "--help"])
+    assert stop.value.code == 0
+    assert "usage: python3 tools/device/cli.py" in capsys.readouterr().out
+
+
+def test_parts_cover_every_file_once_and_balance_the_test_counts():
+    counts = {"tests/test_a.py": 900, "tests/test_b.py": 700, "tests/test_c.py": 400,
+              "tests/test_d.py": 300, "tests/test_e.py": 5, "tests/test_f.py": 0}
+    groups = CLI.partition(counts, 3)
+    assert sorted(f for g in groups for f in g) == sorted(counts)
+    loads = [sum(counts[f] for f in g) for g in groups]
+    assert max(loads) - min(loads) <= 200
+    assert all(g == sorted(g) for g in groups)
+    assert CLI.partition(counts, 3) == groups                  # the same in every call
+    assert CLI.partition(counts, 1) == [sorted(counts)]
+
+
+def test_variants_parse_into_environment_settings():
+    assert CLI.parse_variants(None) == [("default", {})]
+    assert CLI.parse_variants(["hopper", "mma.sync=MAXSIM_CUDA_FORCE_MMA_SYNC=1,X=2"]) == [
+        ("hopper", {}), ("mma.sync", {"MAXSIM_CUDA_FORCE_MMA_SYNC": "1", "X": "2"})]
+
+
+def test_suite_passes_pytest_arguments_and_sets_the_ampere_build(monkeypatch):
+    monkeypatch.setattr(CLI, "DRY_RUN", False)
+    seen = []
+    monkeypatch.setattr(CLI, "run", lambda cmd, **kw: seen.append((cmd, kw)) or 0)
+    monkeypatch.setattr(CLI, "setup", lambda args, **kw: 0)
+    assert CLI.main(["suite", "--files", "tests/test_hopper.py", "--timeout", "300", "--", "-x",
+                     "-k", "hopper"]) == 0
+    (cmd, kw), = seen
+    assert cmd[-4:] == ["tests/test_hopper.py", "-x", "-k", "hopper"]
+    assert kw["env"]["MAXSIM_TEST_AMPERE"] == "1" and kw["env"]["MAXSIM_TEST_NO_BUILD"] == "1"
+    assert kw["timeout"] == 300 and kw["log"] == "tests.log"
+    seen.clear()
+    assert CLI.main(["suite", "--no-ampere", "--files", "tests/test_cuda_compressed.py"]) == 0
+    assert [c[0][0] for c in seen[:2]] == ["nvcc", "/tmp/check_e4m3"]   # the e4m3 check first
+    assert "MAXSIM_TEST_AMPERE" not in seen[-1][1]["env"]
+
+
+def test_ncu_specs_name_a_probe_of_overhead_py(monkeypatch):
+    seen = []
+    monkeypatch.setattr(CLI, "run", lambda cmd, **kw: seen.append(cmd) or 0)
+    args = CLI.parser().parse_args(["profile", "--ncu", "x"])
+
+    def profiled(spec):
+        seen.clear()
+        CLI.ncu_spec(spec, args)
+        return [str(c) for c in seen[0]]
+
+    ncu = profiled("HeavyRerank-ragged-int8:call:maxsim_forward")
+    assert ncu[0] == "ncu" and "regex:maxsim_forward" in ncu and "SourceCounters" in ncu
+    assert ncu[-5:] == ["tools/device/overhead.py", "call", "HeavyRerank", "ragged", "int8"]
+    assert profiled("HeavyRerank:call:maxsim_forward")[-3:] == ["call", "HeavyRerank", "full"]
+    assert profiled("BigColBERT:once:maxsim_forward|grad_")[-2:] == ["once", "BigColBERT"]
+    with pytest.raises(SystemExit):
+        CLI.ncu_spec("BigColBERT:once", args)
+
+
+def test_run_streams_into_the_log_and_prints_the_tail(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("OUT", str(tmp_path))
+    rc = CLI.run("for i in 1 2 3 4; do echo line$i; done; exit 3", log="x.log", tail=2)
+    assert rc == 3
+    assert (tmp_path / "x.log").read_text() == "line1\nline2\nline3\nline4\n"
+    out = capsys.readouterr().out
+    assert "line3\nline4\n" in out and "line1" not in out.split("\n", 1)[1]
