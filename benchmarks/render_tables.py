@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""Markdown tables from one benchmarks/compare.py JSON (the README's benchmark tables).
+"""Markdown tables and a chart from one benchmarks/compare.py JSON.
 
     python3 benchmarks/render_tables.py --json out.json                  # to stdout
     python3 benchmarks/render_tables.py --json out.json --out tables.md
-    python3 benchmarks/render_tables.py --json out.json --readme README.md
+    python3 benchmarks/render_tables.py --json benchmarks/results/h100_cuda.json \
+        --readme docs/benchmarks.md --readme README.md --chart docs/h100_floor_share.svg
+
+The last is how the published tables, the README's summary and its chart are regenerated.
 
 Two tables: scoring rows (padded and packed rerank, corpus scoring) and training rows
 (forward + backward); a third, where the JSON has rows with compressed documents (int8 /
@@ -25,11 +28,17 @@ the eager columns only, and the rate and fraction of the floor from the eager ti
 Implementations that ran on no row (on the CPU: the Triton-only peers) are left out and
 named, with their reason, under the tables.
 
---readme rewrites the lines between `<!-- bench:<device>:begin -->` and
-`<!-- bench:<device>:end -->`, <device> being the JSON's (cuda or cpu), so a CPU run cannot
-overwrite the GPU tables. Without those markers the README is left as is (exit status 1).
+--readme FILE (repeatable) rewrites, in FILE, the lines between `<!-- bench:<device>:begin -->`
+and `<!-- bench:<device>:end -->` with the tables, and those between
+`<!-- bench:<device>:summary:begin -->` and `<!-- bench:<device>:summary:end -->` with the
+summary (a few headline rows: maxsim, each peer and the best peer's time over maxsim's,
+GPU-only, and how many rows maxsim leads); <device> is the JSON's (cuda or cpu), so a CPU
+run cannot overwrite the GPU tables. A file with neither pair is left as is (exit status 1).
 
-Reads JSON only: no torch needed.
+--chart FILE (.svg or .png) draws, for every plain row with GPU-only times, maxsim and each
+peer as a share of the row's measured floor (floor / GPU-only time), scoring and training in
+two panels. It needs matplotlib (a benchmark-only dependency: kernels[benchmark] brings it);
+the rest reads JSON only: no torch needed.
 """
 from __future__ import annotations
 
@@ -331,6 +340,145 @@ def render(data):
     return "\n\n".join(parts) + "\n"
 
 
+# ---- summary and chart ---------------------------------------------------------------------
+
+# The README's headline rows, (workload, layout): rows where a peer leads are among them.
+HEADLINE = (("HeavyRerank", "full"), ("HeavyRerank", "ragged"), ("LongDocStress", "full"),
+            ("SmallRerankPacked", "ragged"), ("HeavyRerankPacked", "ragged"),
+            ("ColBERTCorpus", "ragged"), ("ColPaliCorpus", "ragged"), ("ContrastiveD1024", "full"),
+            ("BigColBERT", "full"), ("DocDoc", "full"))
+
+
+def plain_rows(data):
+    return [r for r in data["results"] if not is_compressed(r)]
+
+
+def peers_of(data):
+    return [n for n in impl_order(plain_rows(data)) if n not in ("maxsim", "naive")]
+
+
+def row_label(row):
+    """One row's name in the chart and summary: the layout only on the padded surface, whose
+    workloads run in both layouts."""
+    if row["train"]:
+        return f"{row['workload']} (train)"
+    return f"{row['workload']} {row['layout']}" if row["surface"] == "padded" else row["workload"]
+
+
+def summary(data):
+    """Markdown: the HEADLINE rows with maxsim's and each peer's time (GPU-only where the
+    JSON has it) and the best peer's time over maxsim's, then how many plain rows maxsim
+    leads."""
+    graph = has_graph(data)
+    key = "graph_ms" if graph else "ms"
+    peers = [n for n in peers_of(data)
+             if any(r["impls"].get(n, {}).get(key) for r in plain_rows(data))]
+    rows = {(r["workload"], r["layout"]): r for r in plain_rows(data)}
+    head = ["workload", "maxsim ms"] + [f"{n} ms" for n in peers] + ["best peer / maxsim"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+
+    def best_peer(row):
+        times = [row["impls"].get(n, {}).get(key) for n in peers]
+        times = [t for t in times if t]
+        return min(times) if times else None
+
+    for wl in HEADLINE:
+        row = rows.get(wl)
+        if row is None:
+            continue
+        m = row["impls"]["maxsim"].get(key)
+        best = best_peer(row)
+        cells = [row_label(row), fmt_ms(m)] + [fmt_ms(row["impls"].get(n, {}).get(key)) for n in peers]
+        cells.append(_ratio(best / m) if best and m else "n/a")
+        lines.append("| " + " | ".join(cells) + " |")
+    compared = [(r["impls"]["maxsim"].get(key), best_peer(r)) for r in plain_rows(data)]
+    compared = [(m, b) for m, b in compared if m and b]
+    ahead = sum(m < b for m, b in compared)
+    info = data.get("info", {})
+    name = info.get("device_name") or info.get("gpu") or info.get("device", "?")
+    when = info["date"][:10] if info.get("date") else "date not recorded"
+    commit = f", commit {info['git_commit'][:7]}" if info.get("git_commit") else ""
+    basis = "GPU-only (CUDA graph replay, per call)" if graph else "eager"
+    names = ", ".join(f"{k} = {v}" for k, v in PEER_NAMES.items() if k in peers)
+    top = f"{name}, {when}{commit}; times in ms, {basis}" + (f"; {names}" if names else "") + "."
+    tail = (f"Ratio above 1: maxsim faster. Over every row of the run, maxsim is faster than the "
+            f"best peer on {ahead} of the {len(compared)} where a peer ran.")
+    if any("n/a" in line for line in lines[2:]):
+        tail += " n/a: no time (the reasons are listed under the full tables)."
+    return "\n\n".join([top, "\n".join(lines), tail]) + "\n"
+
+
+def floor_shares(data):
+    """[(panel, label, {implementation: share of the floor or None})] for the chart: every
+    plain row, maxsim and the peers, share = floor_ms / GPU-only time."""
+    if not has_graph(data):
+        raise ValueError("the chart needs GPU-only times (a CUDA run of compare.py with graphs)")
+    shown = ["maxsim"] + peers_of(data)
+    out = []
+    for row in plain_rows(data):
+        shares = {}
+        for n in shown:
+            ms = row["impls"].get(n, {}).get("graph_ms")
+            shares[n] = row["floor_ms"] / ms if ms else None
+        out.append(("training" if row["train"] else "scoring", row_label(row), shares))
+    return out
+
+
+COLOURS = {"maxsim": "#1f5fbf", "LIK": "#e08a1e", "FM": "#3a9d5d"}
+
+
+def chart(data, path):
+    """Draw floor_shares(data) as grouped horizontal bars into path (.svg or .png); the
+    output does not depend on the time it was drawn, so an unchanged JSON redraws the same
+    file with the same matplotlib. Returns floor_shares(data)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shares = floor_shares(data)
+    impls = list(shares[0][2]) if shares else ["maxsim"]
+    panels = [p for p in ("scoring", "training") if any(s[0] == p for s in shares)]
+    counts = [sum(s[0] == p for s in shares) for p in panels]
+    rc = {"svg.fonttype": "none", "svg.hashsalt": "maxsim", "font.size": 9}
+    with plt.rc_context(rc):
+        fig, axes = plt.subplots(len(panels), 1, figsize=(8, 0.26 * sum(counts) + 1.8),
+                                 gridspec_kw={"height_ratios": counts}, squeeze=False)
+        top = max([v for *_, sh in shares for v in sh.values() if v] + [1.0])
+        width = 0.8 / len(impls)
+        for ax, panel in zip(axes[:, 0], panels):
+            rows = [s for s in shares if s[0] == panel]
+            for k, n in enumerate(impls):
+                ys = [i + (k - (len(impls) - 1) / 2) * width for i in range(len(rows))]
+                vals = [100 * (r[2][n] or 0) for r in rows]
+                ax.barh(ys, vals, height=width, color=COLOURS.get(n, f"C{k}"),
+                        label=PEER_NAMES.get(n, n) if n != "maxsim" else "maxsim")
+                for y, r in zip(ys, rows):
+                    if r[2][n] is None:
+                        ax.text(1, y, "n/a", va="center", fontsize=6, color=COLOURS.get(n, "grey"))
+            ax.set_yticks(range(len(rows)), [r[1] for r in rows])
+            ax.set_ylim(len(rows) - 0.5, -0.5)
+            ax.axvline(100, color="black", linewidth=0.8)
+            ax.set_xlim(0, 100 * top * 1.05)
+            ax.set_title(f"{panel} ({'forward + backward' if panel == 'training' else 'forward'})",
+                         loc="left", fontsize=9)
+            ax.grid(axis="x", linewidth=0.3)
+        axes[-1, 0].set_xlabel("% of the measured floor, GPU-only: higher is faster\n(the floor "
+                               "counts padded bytes, so ragged rows can pass 100%)")
+        axes[0, 0].legend(loc="lower right", fontsize=8)
+        info = data.get("info", {})
+        name = info.get("device_name") or info.get("gpu") or "GPU"
+        commit = f", commit {info['git_commit'][:7]}" if info.get("git_commit") else ""
+        fig.suptitle(f"{name}{commit}: each implementation's time against the hardware floor",
+                     fontsize=10)
+        fig.tight_layout(rect=(0, 0, 1, 0.98))
+        fmt = Path(path).suffix.lstrip(".") or "svg"
+        meta = {"Date": None} if fmt == "svg" else {"Software": None} if fmt == "png" else {}
+        fig.savefig(path, format=fmt, metadata=meta, dpi=110)
+        plt.close(fig)
+    return shares
+
+
 # ---- README ------------------------------------------------------------------------------
 
 def replace_between_markers(text, tag, body):
@@ -350,26 +498,46 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", required=True, help="a benchmarks/compare.py --json output")
-    p.add_argument("--out", help="write the Markdown here (default: stdout, unless --readme)")
-    p.add_argument("--readme", help="replace the bench:<device> marker section of this file")
+    p.add_argument("--out", help="write the Markdown here (default: stdout, unless --readme "
+                   "or --chart)")
+    p.add_argument("--readme", action="append", default=[],
+                   help="rewrite the bench:<device> and bench:<device>:summary marker sections "
+                   "of this file (repeatable)")
+    p.add_argument("--chart", help="draw the floor-share chart into this .svg or .png")
     args = p.parse_args(argv)
     data = json.loads(Path(args.json).read_text())
     md = render(data)
+    status = 0
     if args.out:
         Path(args.out).write_text(md)
-    elif not args.readme:
+    elif not args.readme and not args.chart:
         sys.stdout.write(md)
-    if args.readme:
-        tag = data.get("info", {}).get("device", "cuda")
-        readme = Path(args.readme)
-        new = replace_between_markers(readme.read_text(), tag, md)
-        if new is None:
+    tag = data.get("info", {}).get("device", "cuda")
+    for name in args.readme:
+        readme = Path(name)
+        text = new = readme.read_text()
+        done = []
+        for section, body in ((tag, md), (f"{tag}:summary", summary(data))):
+            replaced = replace_between_markers(new, section, body)
+            if replaced is not None:
+                new = replaced
+                done.append(f"bench:{section}")
+        if not done:
             print(f"{readme}: no single <!-- bench:{tag}:begin --> ... <!-- bench:{tag}:end --> "
-                  "pair; left unchanged", file=sys.stderr)
+                  f"or bench:{tag}:summary pair; left unchanged", file=sys.stderr)
+            status = 1
+            continue
+        if new != text:
+            readme.write_text(new)
+        print(f"updated the {' and '.join(done)} section of {readme}", file=sys.stderr)
+    if args.chart:
+        try:
+            chart(data, args.chart)
+        except ValueError as e:
+            print(f"{args.chart}: {e}; not drawn", file=sys.stderr)
             return 1
-        readme.write_text(new)
-        print(f"updated the bench:{tag} section of {readme}", file=sys.stderr)
-    return 0
+        print(f"drew {args.chart}", file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

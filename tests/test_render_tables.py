@@ -370,3 +370,85 @@ def test_compare_plans_compressed_rows_after_their_plain_row():
     assert [fmt for *_, fmt in COMPARE.rows_to_run(args)] == ["int8"] * 4   # fp32, bf16 x 2 layouts
     assert COMPARE.compressed_impls("int8", ["maxsim", "FM"]) == ["maxsim", "FM-int8", "FM-int8-affine"]
     assert COMPARE.compressed_impls("float8_e4m3fn", COMPARE.IMPLS) == ["maxsim", "naive", "LIK-fp8"]
+
+
+# ---- summary and chart ---------------------------------------------------------------------
+
+def test_summary_lists_the_headline_rows_with_the_best_peer_over_maxsim():
+    md = RT.summary(cuda_json())
+    (t,) = tables(md)
+    assert t["head"] == ["workload", "maxsim ms", "LIK ms", "FM ms", "best peer / maxsim"]
+    rows = {r["workload"]: r for r in t["rows"]}
+    assert list(rows) == ["ColBERTCorpus", "BigColBERT (train)"]   # the HEADLINE rows present
+    assert rows["ColBERTCorpus"]["best peer / maxsim"] == f"{3.80 / 2.95:.2f}x"   # FM the best
+    assert rows["BigColBERT (train)"]["FM ms"] == "n/a"                           # capture failed
+    assert rows["BigColBERT (train)"]["best peer / maxsim"] == f"{4.60 / 4.10:.2f}x"
+    assert "NVIDIA H200, 2026-11-20, commit 0123456" in md and "GPU-only" in md
+    assert "faster than the best peer on 4 of the 4 where a peer ran" in md
+
+
+def test_readme_summary_markers_are_rewritten_beside_the_table_markers(tmp_path):
+    src = tmp_path / "bench.json"
+    src.write_text(json.dumps(cuda_json()))
+    summary_only = tmp_path / "README.md"
+    summary_only.write_text("intro\n<!-- bench:cuda:summary:begin -->\nold\n"
+                            "<!-- bench:cuda:summary:end -->\nafter\n")
+    both = tmp_path / "benchmarks.md"
+    both.write_text(README + "<!-- bench:cuda:summary:begin -->\n<!-- bench:cuda:summary:end -->\n")
+    assert RT.main(["--json", str(src), "--readme", str(summary_only), "--readme", str(both)]) == 0
+    text = summary_only.read_text()
+    assert text.startswith("intro\n") and text.endswith("after\n") and "old" not in text
+    assert RT.summary(cuda_json()).strip() in text and "| SmallRerank |" not in text
+    text = both.read_text()
+    assert RT.render(cuda_json()).strip() in text and RT.summary(cuda_json()).strip() in text
+
+
+def test_floor_shares_are_floor_over_gpu_only_time_and_need_graph_times():
+    shares = {label: (panel, s) for panel, label, s in RT.floor_shares(cuda_json())}
+    assert list(shares) == ["SmallRerank full", "RerankPacked", "ColBERTCorpus", "BigColBERT (train)"]
+    panel, small = shares["SmallRerank full"]
+    assert panel == "scoring" and list(small) == ["maxsim", "LIK", "FM"]     # naive is not drawn
+    assert small["maxsim"] == pytest.approx(0.0042 / 0.084)
+    assert small["LIK"] == pytest.approx(0.0042 / 0.101) and small["FM"] is None
+    assert shares["RerankPacked"][1]["LIK"] is None                         # n/a eager too
+    assert shares["BigColBERT (train)"][0] == "training"
+    with pytest.raises(ValueError, match="GPU-only"):
+        RT.floor_shares(cpu_json())
+
+
+def test_chart_is_drawn_from_the_json(tmp_path):
+    pytest.importorskip("matplotlib")
+    src = tmp_path / "bench.json"
+    src.write_text(json.dumps(cuda_json()))
+    svg = tmp_path / "chart.svg"
+    assert RT.main(["--json", str(src), "--chart", str(svg)]) == 0
+    text = svg.read_text()
+    assert text.startswith("<?xml") and "</svg>" in text
+    for label in ("SmallRerank full", "RerankPacked", "ColBERTCorpus", "BigColBERT (train)",
+                  "maxsim", "late-interaction-kernels", "flash-maxsim", "NVIDIA H200"):
+        assert label in text, label
+    first = svg.read_bytes()
+    assert RT.main(["--json", str(src), "--chart", str(svg)]) == 0
+    assert svg.read_bytes() == first                    # no date or random ids in the file
+    png = tmp_path / "chart.png"
+    RT.chart(cuda_json(), png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    cpu_src = tmp_path / "cpu.json"
+    cpu_src.write_text(json.dumps(cpu_json()))
+    assert RT.main(["--json", str(cpu_src), "--chart", str(tmp_path / "cpu.svg")]) == 1
+    assert not (tmp_path / "cpu.svg").exists()
+
+
+def test_the_published_chart_draws_every_row_of_the_h100_results(tmp_path):
+    pytest.importorskip("matplotlib")
+    data = json.loads((REPO_ROOT / "benchmarks" / "results" / "h100_cuda.json").read_text())
+    out = tmp_path / "h100.svg"
+    shares = RT.chart(data, out)
+    text = out.read_text()
+    assert len(shares) == len(RT.plain_rows(data))
+    for _, label, s in shares:
+        assert label in text, label
+        assert s["maxsim"] is not None and 0 < s["maxsim"] < 2
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert "docs/h100_floor_share.svg" in readme
+    assert (REPO_ROOT / "docs" / "h100_floor_share.svg").is_file()

@@ -73,7 +73,9 @@ def pip_install(*specs: str) -> None:
 def deps() -> None:
     if importlib.util.find_spec("torch") is None:
         pip_install(TORCH_SPEC)
-    missing = [m for m in ("kernels", "pytest", "hypothesis", "numpy", "tabulate")
+    # tabulate and matplotlib come with kernels[benchmark]; matplotlib is for the benchmark
+    # chart only (benchmarks/render_tables.py --chart), never for the package itself.
+    missing = [m for m in ("kernels", "pytest", "hypothesis", "numpy", "tabulate", "matplotlib")
                if importlib.util.find_spec(m) is None]
     if missing:
         pip_install("-r", str(ROOT / "requirements-dev.txt"))
