@@ -84,11 +84,11 @@ class Case:
     """One call's inputs (CPU originals and CUDA copies) and its pairs for the reference:
     (pair index, query rows [qlen, D], document value rows, their scales, ok)."""
 
-    def __init__(self, surface, fmt, qdtype, dim, lq, gen, integer=False, index_dtype=torch.int64):
+    def __init__(self, surface, fmt, qdtype, dim, lq, gen, integer=False, index_dtype=torch.int64, ld=None):
         self.surface, self.fmt, self.qdtype, self.dim = surface, fmt, qdtype, dim
         D = dim
         if surface == "padded":
-            B, C, Ld = 3, 4, 37
+            B, C, Ld = 3, 4, ld or 37
             self.q = make_queries((B, lq, D), qdtype, gen, integer)
             self.v = make_values((B, C, Ld, D), fmt, gen, integer)
             self.s = make_scales((B, C, Ld), gen, integer)
@@ -130,7 +130,7 @@ class Case:
         else:
             Nq, Nd, P = 4, 5, 9
             qlen = lengths(Nq, lq, gen, 3)
-            dlen = lengths(Nd, 41, gen)
+            dlen = lengths(Nd, ld or 41, gen)
             self.qoffs = torch.cat([torch.zeros(1, dtype=torch.int64), qlen.cumsum(0)])
             self.doffs = torch.cat([torch.zeros(1, dtype=torch.int64), dlen.cumsum(0)])
             self.q = make_queries((int(self.qoffs[-1]), D), qdtype, gen, integer)
@@ -311,6 +311,18 @@ def test_block_shapes_fp16(ops, surface, fmt, lq):
     for dim in (64, 128, 256):
         gen = torch.Generator().manual_seed(lq * 1000 + dim)
         run_case(ops, Case(surface, fmt, torch.float16, dim, lq, gen))
+
+
+@pytest.mark.parametrize("dim", (64, 96, 128, 256))
+@pytest.mark.parametrize("qdtype", (torch.float16, torch.bfloat16), ids=str)
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("surface", ("padded", "packed"))
+def test_long_documents(ops, surface, fmt, qdtype, dim):
+    """Documents of up to three 128-row tiles with ragged tails, empty and full ones among
+    them: a tile stream that crosses documents mid-tile and tails of every length."""
+    gen = torch.Generator().manual_seed(dim * 100 + SURFACES.index(surface) * 10 + list(FORMATS).index(fmt) * 2
+                                        + (qdtype == torch.bfloat16))
+    run_case(ops, Case(surface, fmt, qdtype, dim, 70 if dim == 96 else 32, gen, ld=300))
 
 
 @pytest.mark.parametrize("qdtype", QUERY_DTYPES, ids=str)

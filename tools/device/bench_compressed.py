@@ -79,6 +79,24 @@ def padded_call(ops, B, C, Lq, Ld, D, dtype=torch.float16):
     return calls, q.numel() * q.element_size()
 
 
+def packed_call(ops, B, C, Lq, Ld, D):
+    """The padded call's pairs as a packed call (one query row block per query, documents back
+    to back, pair b * C + c = (query b, document b * C + c))."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(B * Lq, D, device="cuda", dtype=torch.float16, generator=gen)
+    d = torch.randn(B * C * Ld, D, device="cuda", dtype=torch.float16, generator=gen)
+    qo = torch.arange(0, B * Lq + 1, Lq, device="cuda", dtype=torch.int64)
+    do = torch.arange(0, B * C * Ld + 1, Ld, device="cuda", dtype=torch.int64)
+    pq = torch.arange(B, device="cuda").repeat_interleave(C)
+    pd = torch.arange(B * C, device="cuda")
+    calls = {"fp16": (lambda: ops.packed_forward(q, qo, d, do, pq, pd, Lq, False, None), d.numel() * 2)}
+    for fmt in ("int8", "e4m3"):
+        v, s = compress(d, fmt)
+        calls[fmt] = ((lambda v=v, s=s: ops.packed_forward(q, qo, v, do, pq, pd, Lq, False, s)),
+                      v.numel() + s.numel() * 4)
+    return calls, q.numel() * 2
+
+
 def contrastive_call(ops, Nq, Nb, Lq, Ld, D):
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(Nq, Lq, D, device="cuda", dtype=torch.float16, generator=gen)
@@ -105,24 +123,27 @@ def main():
     rows = [
         ("HeavyRerank", lambda: padded_call(ops, 32, 100, 32, 256, 128)),
         ("HeavyRerank bf16", lambda: padded_call(ops, 32, 100, 32, 256, 128, torch.bfloat16)),
+        ("HeavyRerankPacked", lambda: packed_call(ops, 32, 100, 32, 256, 128)),
+        ("SmallRerank", lambda: padded_call(ops, 32, 10, 32, 180, 128)),
+        ("Rerank", lambda: padded_call(ops, 32, 50, 32, 180, 128)),
         ("SingleQueryRerank", lambda: padded_call(ops, 1, 1000, 32, 300, 128)),
         ("ColPaliRerank", lambda: padded_call(ops, 16, 64, 32, 1030, 128)),
         ("LongDocStress", lambda: padded_call(ops, 8, 16, 64, 1024, 128)),
         ("RerankD512", lambda: padded_call(ops, 32, 50, 32, 180, 512)),
         ("ColBERTCorpus", lambda: contrastive_call(ops, 32, 10_000, 32, 256, 128)),
     ]
-    print(f"{'workload':<20} {'format':<6} {'ms':>8} {'x fp16':>7} {'TB/s':>6} {'mma.sync fp16 ms':>17}")
+    # mma.sync ms: the same call with MAXSIM_CUDA_FORCE_MMA_SYNC=1 (the Ampere kernels)
+    print(f"{'workload':<20} {'format':<6} {'ms':>8} {'x fp16':>7} {'TB/s':>6} {'mma.sync ms':>12}")
     for name, make in rows:
         calls, qbytes = make()
         base = graph_time_ms(calls["fp16"][0])
-        os.environ["MAXSIM_CUDA_FORCE_MMA_SYNC"] = "1"
-        base_sync = graph_time_ms(calls["fp16"][0])
-        os.environ.pop("MAXSIM_CUDA_FORCE_MMA_SYNC")
         for fmt, (fn, dbytes) in calls.items():
             ms = base if fmt == "fp16" else graph_time_ms(fn)
+            os.environ["MAXSIM_CUDA_FORCE_MMA_SYNC"] = "1"
+            ms_sync = graph_time_ms(fn)
+            os.environ.pop("MAXSIM_CUDA_FORCE_MMA_SYNC")
             tbs = (dbytes + qbytes) / (ms * 1e-3) / 1e12
-            extra = f"{base_sync:17.4f}" if fmt == "fp16" else ""
-            print(f"{name:<20} {fmt:<6} {ms:8.4f} {ms / base:7.3f} {tbs:6.2f} {extra}", flush=True)
+            print(f"{name:<20} {fmt:<6} {ms:8.4f} {ms / base:7.3f} {tbs:6.2f} {ms_sync:12.4f}", flush=True)
         del calls
         torch.cuda.empty_cache()
     print(f"copy rate (2 x 108 MB / time): {copy_rate(108 << 20):.2f} TB/s")
