@@ -5,7 +5,7 @@
     python3 benchmarks/compare.py --device cuda --workloads all --json out.json
     python3 benchmarks/compare.py --device cpu --workloads Rerank,Contrastive --dtype float32 --iters 20
     python3 benchmarks/compare.py --device cpu --workloads SingleQueryRerank --documents plain,int8,float8_e4m3fn
-    python3 benchmarks/render_tables.py --json out.json            # the README tables
+    python3 benchmarks/render_tables.py --json out.json            # the benchmark tables
 
 Implementations (each wrapped so a failure is reported as n/a with its reason):
 - maxsim: this repository's build, loaded with kernels.get_local_kernel(<repo root>).
@@ -96,7 +96,7 @@ for every implementation:
 - achieved rates, for the eager and the GPU-only time: rerank rows (padded, packed), which
   read every document once, in input TB/s (TBps, graph_TBps); the other rows in useful
   TFLOP/s (TFLOPs, graph_TFLOPs); of_floor and graph_of_floor = floor_ms / time.
-benchmarks/render_tables.py renders the README tables from this JSON.
+benchmarks/render_tables.py renders the benchmark tables (docs/benchmarks.md, the README summary) and the chart from this JSON.
 
 On the CPU every workload runs its scaled-down shape (see workloads.py; `scale` column =
 fraction of the (query, document) pairs kept), and the default workload set is the rerank

@@ -1,4 +1,4 @@
-"""benchmarks/render_tables.py: the README tables rendered from a compare.py JSON.
+"""benchmarks/render_tables.py: the benchmark tables rendered from a compare.py JSON.
 
 Synthetic JSON shaped like compare.py's output (the per-implementation rate fields are filled
 in by compare.py's own add_rates, so the two stay in step). Runs without a build or a GPU.
