@@ -13,7 +13,7 @@ Conventions (see the workload table in the project's benchmark notes):
 - contrastive: queries [Nq, Lq, D] against Nb documents packed [T, D] with offsets.
   A training step is forward + backward of (scores * g).sum() for a fixed random g.
 
-CPU shapes. A 2-core CPU cannot run the GPU shapes in a benchmark session (BigColBERT is
+CPU shapes. A 2-core CPU cannot run the GPU shapes in one benchmark run (BigColBERT is
 ~0.4 TFLOP per forward), so every workload also carries a `cpu` shape that divides the
 batch dimensions (B; Nq and Nb; the corpus size) and keeps the per-pair shape
 (Lq, Ld, D) that gives the workload its character. `Workload.cpu_scale` is the fraction

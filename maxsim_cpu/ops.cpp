@@ -5,6 +5,7 @@
 #include <ATen/Parallel.h>
 
 #include <cstring>
+#include <string>
 
 #include "maxsim_cpu/kernels.h"
 #include "torch-ext/torch_binding.h"
@@ -25,7 +26,9 @@ bool is_compressed(at::ScalarType s) { return s == at::kChar || s == at::kFloat8
 void check_data(const at::Tensor& t, const char* name, int64_t dim) {
   TORCH_CHECK(t.device().is_cpu(), "maxsim_cpu: ", name, " must be a CPU tensor");
   TORCH_CHECK(t.is_contiguous(), "maxsim_cpu: ", name, " must be contiguous");
-  TORCH_CHECK(t.dim() == dim, "maxsim_cpu: ", name, " must have ", dim, " dimensions");
+  // Integers go into messages as strings: streaming an integer into a check's message
+  // crashed the CUDA variant's module (maxsim_cuda/NOTES.md, 2026-11-24); strings did not.
+  TORCH_CHECK(t.dim() == dim, "maxsim_cpu: ", name, " must have ", std::to_string(dim), " dimensions");
   const auto s = t.scalar_type();
   TORCH_CHECK(s == at::kFloat || s == at::kHalf || s == at::kBFloat16 || s == at::kDouble ||
                   (is_compressed(s) && std::strcmp(name, "documents") == 0),
@@ -56,8 +59,8 @@ IndexView index_view(const at::Tensor& t, const char* name, int64_t numel) {
               " must be a contiguous CPU tensor");
   TORCH_CHECK(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, "maxsim_cpu: ", name,
               " must be int32 or int64");
-  TORCH_CHECK(numel < 0 || t.numel() == numel, "maxsim_cpu: ", name, " must have ", numel,
-              " elements, got ", t.numel());
+  TORCH_CHECK(numel < 0 || t.numel() == numel, "maxsim_cpu: ", name, " must have ", std::to_string(numel),
+              " elements, got ", std::to_string(t.numel()));
   return {t.data_ptr(), t.numel(), t.scalar_type() == at::kLong};
 }
 

@@ -300,3 +300,46 @@ def test_bad_values_on_gpu(device, surface, name, mutate, match, monkeypatch, rn
     expected = c64.naive_scores(c64.queries, c64.documents) if not name.startswith("pair_") \
         else good.reference()[0]
     torch.testing.assert_close(scores.cpu()[~bad].double(), expected[~bad], rtol=1e-5, atol=1e-5)
+
+
+OP_MESSAGE_CHECKS = r"""
+import importlib, sys, torch
+from pathlib import Path
+import kernels
+ms = kernels.get_local_kernel(Path(sys.argv[1]), backend=sys.argv[2])
+ops = importlib.import_module(ms.__name__ + "._ops").ops
+q = torch.randn(2, 8, 16)
+d = torch.randn(2, 3, 5, 16)
+ql = torch.tensor([8, 5])
+dl = torch.full((2, 3), 5)
+checks = {
+    "rank": lambda: ops.padded_forward(q[0], d, ql, dl, False, None),
+    "index_length": lambda: ops.padded_forward(q, d, torch.tensor([8, 5, 1]), dl, False, None),
+}
+for name, call in checks.items():
+    try:
+        call()
+        print(name, "no error")
+    except RuntimeError as e:
+        print(name, str(e).splitlines()[0])
+"""
+
+
+def test_op_messages_with_integers():
+    """The CPU ops' own checks (below the Python validation, reached by direct op calls) put
+    integers in their messages. In a subprocess, so that a crash fails this test alone:
+    streaming an integer into a check's message crashed a CUDA build's module (the CPU ops
+    are compiled into it too), so the messages take them as strings."""
+    import subprocess
+    import sys
+
+    from conftest import BACKENDS, KERNEL_REPO, load_kernel
+
+    backend = "cuda" if "cuda" in BACKENDS else "cpu"  # a CUDA build's module holds the CPU ops
+    load_kernel(backend)
+    result = subprocess.run([sys.executable, "-c", OP_MESSAGE_CHECKS, str(KERNEL_REPO), backend],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, (result.returncode, result.stdout[-2000:], result.stderr[-2000:])
+    out = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
+    assert "queries must have 3 dimensions" in out.get("rank", ""), out
+    assert "query_lengths must have 2 elements, got 3" in out.get("index_length", ""), out
