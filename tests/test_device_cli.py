@@ -68,6 +68,9 @@ def test_ncu_specs_name_a_probe_of_overhead_py(monkeypatch):
     ncu = profiled("HeavyRerank-ragged-int8:call:maxsim_forward")
     assert ncu[0] == "ncu" and "regex:maxsim_forward" in ncu and "SourceCounters" in ncu
     assert ncu[-5:] == ["tools/device/overhead.py", "call", "HeavyRerank", "ragged", "int8"]
+    # float documents with the layout named: no format argument
+    assert profiled("HeavyRerank-full:call:maxsim_forward")[-4:] == [
+        "tools/device/overhead.py", "call", "HeavyRerank", "full"]
     assert profiled("HeavyRerank:call:maxsim_forward")[-3:] == ["call", "HeavyRerank", "full"]
     assert profiled("BigColBERT:once:maxsim_forward|grad_")[-2:] == ["once", "BigColBERT"]
     with pytest.raises(SystemExit):

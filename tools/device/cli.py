@@ -406,7 +406,8 @@ def ncu_spec(spec: str, args) -> int:
         what, mode, kernel = spec.split(":")
     except ValueError:
         raise SystemExit(f"--ncu {spec}: want WORKLOAD[-LAYOUT[-FORMAT]]:once|call:KERNEL_REGEX")
-    name, layout, fmt = (what.split("-") + ["full", ""])[:3]
+    parts = what.split("-")
+    name, layout, fmt = parts[0], (parts[1:2] or ["full"])[0], (parts[2:3] or [""])[0]
     probe = ["once", name] if mode == "once" else ["call", name, layout, *([fmt] if fmt else [])]
     tag = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{what}_{kernel}")
     rep = Path("/tmp") / tag
