@@ -23,11 +23,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def load_ops():
+def load_kernel():
+    """The built CUDA variant: its raw ops (called directly, so that only the kernel is timed)
+    and its quantize_documents."""
     import kernels
 
     ms = kernels.get_local_kernel(ROOT, backend="cuda")
-    return importlib.import_module(ms.__name__ + "._ops").ops
+    return ms, importlib.import_module(ms.__name__ + "._ops").ops
 
 
 def graph_time_ms(fn, reps=20, replays=7):
@@ -53,33 +55,29 @@ def graph_time_ms(fn, reps=20, replays=7):
     return statistics.median(times)
 
 
-def compress(d16, fmt):
-    """Per-row symmetric quantisation of float16 documents (the layout users store)."""
-    x = d16.float()
-    amax = x.abs().amax(dim=-1).clamp_min(1e-12)
-    if fmt == "int8":
-        scale = amax / 127.0
-        v = torch.round(x / scale[..., None]).clamp(-127, 127).to(torch.int8)
-    else:
-        scale = amax / 448.0
-        v = (x / scale[..., None]).to(torch.float8_e4m3fn)
-    return v.contiguous(), scale.reshape(-1).contiguous()
+def with_formats(ms, d, call):
+    """{format: (thunk, document bytes)} for float16 documents d and each compressed format
+    of them (maxsim.quantize_documents), where call(documents, scales) is the timed op call."""
+    calls = {"fp16": ((lambda: call(d, None)), d.numel() * 2)}
+    for name, fmt in (("int8", "int8"), ("e4m3", "float8_e4m3fn")):
+        v, s = ms.quantize_documents(d, fmt)
+        s = s.reshape(-1).contiguous()
+        calls[name] = ((lambda v=v, s=s: call(v, s)), v.numel() + s.numel() * 4)
+    return calls
 
 
-def padded_call(ops, B, C, Lq, Ld, D, dtype=torch.float16):
+def padded_call(ms, ops, B, C, Lq, Ld, D, dtype=torch.float16):
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(B, Lq, D, device="cuda", dtype=dtype, generator=gen)
     d = torch.randn(B, C, Ld, D, device="cuda", dtype=torch.float16, generator=gen)
     ql = torch.full((B,), Lq, device="cuda", dtype=torch.int32)
     dl = torch.full((B, C), Ld, device="cuda", dtype=torch.int32)
-    calls = {"fp16": (lambda: ops.padded_forward(q.half(), d, ql, dl, False, None), d.numel() * 2)}
-    for fmt in ("int8", "e4m3"):
-        v, s = compress(d, fmt)
-        calls[fmt] = ((lambda v=v, s=s: ops.padded_forward(q, v, ql, dl, False, s)), v.numel() + s.numel() * 4)
-    return calls, q.numel() * q.element_size()
+    # float16 documents pair with float16 queries (the ops want one dtype for both)
+    return with_formats(ms, d, lambda v, s: ops.padded_forward(q if s is not None else q.half(), v, ql, dl,
+                                                                False, s)), q.numel() * q.element_size()
 
 
-def packed_call(ops, B, C, Lq, Ld, D):
+def packed_call(ms, ops, B, C, Lq, Ld, D):
     """The padded call's pairs as a packed call (one query row block per query, documents back
     to back, pair b * C + c = (query b, document b * C + c))."""
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -89,25 +87,15 @@ def packed_call(ops, B, C, Lq, Ld, D):
     do = torch.arange(0, B * C * Ld + 1, Ld, device="cuda", dtype=torch.int64)
     pq = torch.arange(B, device="cuda").repeat_interleave(C)
     pd = torch.arange(B * C, device="cuda")
-    calls = {"fp16": (lambda: ops.packed_forward(q, qo, d, do, pq, pd, Lq, False, None), d.numel() * 2)}
-    for fmt in ("int8", "e4m3"):
-        v, s = compress(d, fmt)
-        calls[fmt] = ((lambda v=v, s=s: ops.packed_forward(q, qo, v, do, pq, pd, Lq, False, s)),
-                      v.numel() + s.numel() * 4)
-    return calls, q.numel() * 2
+    return with_formats(ms, d, lambda v, s: ops.packed_forward(q, qo, v, do, pq, pd, Lq, False, s)), q.numel() * 2
 
 
-def contrastive_call(ops, Nq, Nb, Lq, Ld, D):
+def contrastive_call(ms, ops, Nq, Nb, Lq, Ld, D):
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(Nq, Lq, D, device="cuda", dtype=torch.float16, generator=gen)
     d = torch.randn(Nb, Ld, D, device="cuda", dtype=torch.float16, generator=gen)
     dl = torch.full((Nb,), Ld, device="cuda", dtype=torch.int32)
-    calls = {"fp16": (lambda: ops.contrastive_padded_forward(q, d, dl, None, False, None), d.numel() * 2)}
-    for fmt in ("int8", "e4m3"):
-        v, s = compress(d, fmt)
-        calls[fmt] = ((lambda v=v, s=s: ops.contrastive_padded_forward(q, v, dl, None, False, s)),
-                      v.numel() + s.numel() * 4)
-    return calls, q.numel() * 2
+    return with_formats(ms, d, lambda v, s: ops.contrastive_padded_forward(q, v, dl, None, False, s)), q.numel() * 2
 
 
 def copy_rate(nbytes):
@@ -118,19 +106,19 @@ def copy_rate(nbytes):
 
 
 def main():
-    ops = load_ops()
+    ms, ops = load_kernel()
     print(torch.cuda.get_device_name(), flush=True)
     rows = [
-        ("HeavyRerank", lambda: padded_call(ops, 32, 100, 32, 256, 128)),
-        ("HeavyRerank bf16", lambda: padded_call(ops, 32, 100, 32, 256, 128, torch.bfloat16)),
-        ("HeavyRerankPacked", lambda: packed_call(ops, 32, 100, 32, 256, 128)),
-        ("SmallRerank", lambda: padded_call(ops, 32, 10, 32, 180, 128)),
-        ("Rerank", lambda: padded_call(ops, 32, 50, 32, 180, 128)),
-        ("SingleQueryRerank", lambda: padded_call(ops, 1, 1000, 32, 300, 128)),
-        ("ColPaliRerank", lambda: padded_call(ops, 16, 64, 32, 1030, 128)),
-        ("LongDocStress", lambda: padded_call(ops, 8, 16, 64, 1024, 128)),
-        ("RerankD512", lambda: padded_call(ops, 32, 50, 32, 180, 512)),
-        ("ColBERTCorpus", lambda: contrastive_call(ops, 32, 10_000, 32, 256, 128)),
+        ("HeavyRerank", lambda: padded_call(ms, ops, 32, 100, 32, 256, 128)),
+        ("HeavyRerank bf16", lambda: padded_call(ms, ops, 32, 100, 32, 256, 128, torch.bfloat16)),
+        ("HeavyRerankPacked", lambda: packed_call(ms, ops, 32, 100, 32, 256, 128)),
+        ("SmallRerank", lambda: padded_call(ms, ops, 32, 10, 32, 180, 128)),
+        ("Rerank", lambda: padded_call(ms, ops, 32, 50, 32, 180, 128)),
+        ("SingleQueryRerank", lambda: padded_call(ms, ops, 1, 1000, 32, 300, 128)),
+        ("ColPaliRerank", lambda: padded_call(ms, ops, 16, 64, 32, 1030, 128)),
+        ("LongDocStress", lambda: padded_call(ms, ops, 8, 16, 64, 1024, 128)),
+        ("RerankD512", lambda: padded_call(ms, ops, 32, 50, 32, 180, 512)),
+        ("ColBERTCorpus", lambda: contrastive_call(ms, ops, 32, 10_000, 32, 256, 128)),
     ]
     # mma.sync ms: the same call with MAXSIM_CUDA_FORCE_MMA_SYNC=1 (the Ampere kernels)
     print(f"{'workload':<20} {'format':<6} {'ms':>8} {'x fp16':>7} {'TB/s':>6} {'mma.sync ms':>12}")
