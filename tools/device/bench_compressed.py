@@ -66,18 +66,18 @@ def with_formats(ms, d, call):
     return calls
 
 
-def padded_call(ms, ops, B, C, Lq, Ld, D, dtype=torch.float16):
+def padded_call(kernel, ops, B, C, Lq, Ld, D, dtype=torch.float16):
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(B, Lq, D, device="cuda", dtype=dtype, generator=gen)
     d = torch.randn(B, C, Ld, D, device="cuda", dtype=torch.float16, generator=gen)
     ql = torch.full((B,), Lq, device="cuda", dtype=torch.int32)
     dl = torch.full((B, C), Ld, device="cuda", dtype=torch.int32)
     # float16 documents pair with float16 queries (the ops want one dtype for both)
-    return with_formats(ms, d, lambda v, s: ops.padded_forward(q if s is not None else q.half(), v, ql, dl,
+    return with_formats(kernel, d, lambda v, s: ops.padded_forward(q if s is not None else q.half(), v, ql, dl,
                                                                 False, s)), q.numel() * q.element_size()
 
 
-def packed_call(ms, ops, B, C, Lq, Ld, D):
+def packed_call(kernel, ops, B, C, Lq, Ld, D):
     """The padded call's pairs as a packed call (one query row block per query, documents back
     to back, pair b * C + c = (query b, document b * C + c))."""
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -87,15 +87,15 @@ def packed_call(ms, ops, B, C, Lq, Ld, D):
     do = torch.arange(0, B * C * Ld + 1, Ld, device="cuda", dtype=torch.int64)
     pq = torch.arange(B, device="cuda").repeat_interleave(C)
     pd = torch.arange(B * C, device="cuda")
-    return with_formats(ms, d, lambda v, s: ops.packed_forward(q, qo, v, do, pq, pd, Lq, False, s)), q.numel() * 2
+    return with_formats(kernel, d, lambda v, s: ops.packed_forward(q, qo, v, do, pq, pd, Lq, False, s)), q.numel() * 2
 
 
-def contrastive_call(ms, ops, Nq, Nb, Lq, Ld, D):
+def contrastive_call(kernel, ops, Nq, Nb, Lq, Ld, D):
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(Nq, Lq, D, device="cuda", dtype=torch.float16, generator=gen)
     d = torch.randn(Nb, Ld, D, device="cuda", dtype=torch.float16, generator=gen)
     dl = torch.full((Nb,), Ld, device="cuda", dtype=torch.int32)
-    return with_formats(ms, d, lambda v, s: ops.contrastive_padded_forward(q, v, dl, None, False, s)), q.numel() * 2
+    return with_formats(kernel, d, lambda v, s: ops.contrastive_padded_forward(q, v, dl, None, False, s)), q.numel() * 2
 
 
 def copy_rate(nbytes):
@@ -106,19 +106,19 @@ def copy_rate(nbytes):
 
 
 def main():
-    ms, ops = load_kernel()
+    kernel, ops = load_kernel()
     print(torch.cuda.get_device_name(), flush=True)
     rows = [
-        ("HeavyRerank", lambda: padded_call(ms, ops, 32, 100, 32, 256, 128)),
-        ("HeavyRerank bf16", lambda: padded_call(ms, ops, 32, 100, 32, 256, 128, torch.bfloat16)),
-        ("HeavyRerankPacked", lambda: packed_call(ms, ops, 32, 100, 32, 256, 128)),
-        ("SmallRerank", lambda: padded_call(ms, ops, 32, 10, 32, 180, 128)),
-        ("Rerank", lambda: padded_call(ms, ops, 32, 50, 32, 180, 128)),
-        ("SingleQueryRerank", lambda: padded_call(ms, ops, 1, 1000, 32, 300, 128)),
-        ("ColPaliRerank", lambda: padded_call(ms, ops, 16, 64, 32, 1030, 128)),
-        ("LongDocStress", lambda: padded_call(ms, ops, 8, 16, 64, 1024, 128)),
-        ("RerankD512", lambda: padded_call(ms, ops, 32, 50, 32, 180, 512)),
-        ("ColBERTCorpus", lambda: contrastive_call(ms, ops, 32, 10_000, 32, 256, 128)),
+        ("HeavyRerank", lambda: padded_call(kernel, ops, 32, 100, 32, 256, 128)),
+        ("HeavyRerank bf16", lambda: padded_call(kernel, ops, 32, 100, 32, 256, 128, torch.bfloat16)),
+        ("HeavyRerankPacked", lambda: packed_call(kernel, ops, 32, 100, 32, 256, 128)),
+        ("SmallRerank", lambda: padded_call(kernel, ops, 32, 10, 32, 180, 128)),
+        ("Rerank", lambda: padded_call(kernel, ops, 32, 50, 32, 180, 128)),
+        ("SingleQueryRerank", lambda: padded_call(kernel, ops, 1, 1000, 32, 300, 128)),
+        ("ColPaliRerank", lambda: padded_call(kernel, ops, 16, 64, 32, 1030, 128)),
+        ("LongDocStress", lambda: padded_call(kernel, ops, 8, 16, 64, 1024, 128)),
+        ("RerankD512", lambda: padded_call(kernel, ops, 32, 50, 32, 180, 512)),
+        ("ColBERTCorpus", lambda: contrastive_call(kernel, ops, 32, 10_000, 32, 256, 128)),
     ]
     # mma.sync ms: the same call with MAXSIM_CUDA_FORCE_MMA_SYNC=1 (the Ampere kernels)
     print(f"{'workload':<20} {'format':<6} {'ms':>8} {'x fp16':>7} {'TB/s':>6} {'mma.sync ms':>12}")
