@@ -286,7 +286,7 @@ def test_op_refuses_document_gradient(cpu_kernel, rng):
     with pytest.raises(RuntimeError, match="compressed documents get no gradient"):
         ops.padded_backward(g, case.queries, values, case.query_lengths, case.doc_lengths, argmax,
                             True, True, scales)
-    with pytest.raises(RuntimeError, match="need document_scales"):
+    with pytest.raises(ValueError, match="pass their per-token scales as document_scales="):
         ops.padded_forward(case.queries, values, case.query_lengths, case.doc_lengths, True, None)
 
 

@@ -178,21 +178,27 @@ struct PackedFn : torch::autograd::Function<PackedFn> {
 
 Pair as_pair(const variable_list& v) { return {v[0], v[1]}; }
 
+// The tensors forward saves are the ones backward hands to the backward ops, which read them
+// as contiguous memory: made contiguous here, outside apply, so a strided input still gets
+// its gradient through the copy.
+Tensor c(const Tensor& t) { return t.contiguous(); }
+std::optional<Tensor> c(const std::optional<Tensor>& t) { return t.has_value() ? std::optional<Tensor>(c(*t)) : t; }
+
 Pair padded_forward(const Tensor& q, const Tensor& d, const Tensor& ql, const Tensor& dl, bool with_argmax,
                     const Scales& ds) {
-  return as_pair(PaddedFn::apply(q, d, ql, dl, with_argmax, ds));
+  return as_pair(PaddedFn::apply(c(q), c(d), c(ql), c(dl), with_argmax, c(ds)));
 }
 Pair contrastive_forward(const Tensor& q, const Tensor& d, const Tensor& offsets, const std::optional<Tensor>& ql,
                          bool with_argmax, const Scales& ds) {
-  return as_pair(ContrastiveFn<OffsetDocumentOps>::apply(q, d, offsets, ql, with_argmax, ds));
+  return as_pair(ContrastiveFn<OffsetDocumentOps>::apply(c(q), c(d), c(offsets), c(ql), with_argmax, c(ds)));
 }
 Pair contrastive_padded_forward(const Tensor& q, const Tensor& d, const Tensor& lengths,
                                 const std::optional<Tensor>& ql, bool with_argmax, const Scales& ds) {
-  return as_pair(ContrastiveFn<PaddedDocumentOps>::apply(q, d, lengths, ql, with_argmax, ds));
+  return as_pair(ContrastiveFn<PaddedDocumentOps>::apply(c(q), c(d), c(lengths), c(ql), with_argmax, c(ds)));
 }
 Pair packed_forward(const Tensor& q, const Tensor& q_offsets, const Tensor& d, const Tensor& d_offsets,
                     const Tensor& pq, const Tensor& pd, int64_t max_q_len, bool with_argmax, const Scales& ds) {
-  return as_pair(PackedFn::apply(q, q_offsets, d, d_offsets, pq, pd, max_q_len, with_argmax, ds));
+  return as_pair(PackedFn::apply(c(q), c(q_offsets), c(d), c(d_offsets), c(pq), c(pd), max_q_len, with_argmax, c(ds)));
 }
 
 }  // namespace

@@ -1,15 +1,56 @@
-// Op schemas and per-backend registration. Autograd is in autograd.cpp; validation and
-// the fake (meta) kernels live in the Python package; this file only wires names to kernels.
+// Op schemas and per-backend registration. Autograd is in autograd.cpp, the fake (meta)
+// kernels in the Python package. Every backend's forward is registered behind the argument
+// checks of checks.h (and made contiguous), so each backend's kernels see checked,
+// contiguous tensors and the Python entry points need no validation of their own.
 #include <torch/library.h>
 
+#include <optional>
+#include <tuple>
+
+#include "checks.h"
 #include "registration.h"
 #include "torch_binding.h"
 
-#define MAXSIM_IMPL_BACKEND(ops, key, ns)                              \
-  ops.impl("padded_forward", key, &ns::padded_forward);               \
-  ops.impl("contrastive_forward", key, &ns::contrastive_forward);     \
-  ops.impl("contrastive_padded_forward", key, &ns::contrastive_padded_forward); \
-  ops.impl("packed_forward", key, &ns::packed_forward);               \
+namespace maxsim_checked {
+
+using at::Tensor;
+using Opt = std::optional<Tensor>;
+using Pair = std::tuple<Tensor, Tensor>;
+
+inline Opt contiguous(const Opt& t) { return t.has_value() ? Opt(t->contiguous()) : std::nullopt; }
+
+template <Pair (*Fn)(const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, const Opt&)>
+Pair padded_forward(const Tensor& q, const Tensor& d, const Tensor& ql, const Tensor& dl, bool with_argmax,
+                    const Opt& scales) {
+  maxsim_checks::padded(q, d, ql, dl, scales);
+  return Fn(q.contiguous(), d.contiguous(), ql.contiguous(), dl.contiguous(), with_argmax, contiguous(scales));
+}
+
+// PACKED: documents cut by document_offsets; else padded with document_lengths.
+template <Pair (*Fn)(const Tensor&, const Tensor&, const Tensor&, const Opt&, bool, const Opt&), bool PACKED>
+Pair contrastive_forward(const Tensor& q, const Tensor& d, const Tensor& segments, const Opt& ql, bool with_argmax,
+                         const Opt& scales) {
+  maxsim_checks::contrastive<PACKED>(q, d, segments, ql, scales);
+  return Fn(q.contiguous(), d.contiguous(), segments.contiguous(), contiguous(ql), with_argmax, contiguous(scales));
+}
+
+template <Pair (*Fn)(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t,
+                     bool, const Opt&)>
+Pair packed_forward(const Tensor& q, const Tensor& q_offsets, const Tensor& d, const Tensor& d_offsets,
+                    const Tensor& pq, const Tensor& pd, int64_t max_q_len, bool with_argmax, const Opt& scales) {
+  maxsim_checks::packed(q, q_offsets, d, d_offsets, pq, pd, max_q_len, scales);
+  return Fn(q.contiguous(), q_offsets.contiguous(), d.contiguous(), d_offsets.contiguous(), pq.contiguous(),
+            pd.contiguous(), max_q_len < 0 ? 0 : max_q_len, with_argmax, contiguous(scales));
+}
+
+}  // namespace maxsim_checked
+
+#define MAXSIM_IMPL_BACKEND(ops, key, ns)                                                                \
+  ops.impl("padded_forward", key, &maxsim_checked::padded_forward<&ns::padded_forward>);                \
+  ops.impl("contrastive_forward", key, &maxsim_checked::contrastive_forward<&ns::contrastive_forward, true>); \
+  ops.impl("contrastive_padded_forward", key,                                                           \
+           &maxsim_checked::contrastive_forward<&ns::contrastive_padded_forward, false>);              \
+  ops.impl("packed_forward", key, &maxsim_checked::packed_forward<&ns::packed_forward>);                \
   ops.impl("padded_backward", key, &ns::padded_backward);             \
   ops.impl("contrastive_backward", key, &ns::contrastive_backward);   \
   ops.impl("contrastive_padded_backward", key, &ns::contrastive_padded_backward); \

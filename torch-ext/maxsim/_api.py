@@ -1,8 +1,11 @@
-"""Public entry points: validate, make contiguous, call the op for the tensors' device.
+"""Public entry points: a thin call of the op for the tensors' device.
 
 Each surface has three forms sharing one op: the score, the score with the winning
 document-token index per query token (`_with_argmax`), and a differentiable score
-(`_train`) whose backward is driven by that argmax.
+(`_train`) whose backward is driven by that argmax. The ops check their arguments in C++
+(torch-ext/checks.h) and make them contiguous; what stays here is what only Python can
+see: that an argument is a tensor at all, the caller's grad mode for compressed documents,
+and the packed surface's optional max_q_len.
 """
 from __future__ import annotations
 
@@ -28,31 +31,31 @@ def _call(op, args, queries, documents):
         return op(*args)
 
 
+def _tensor(name, t, what):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor {what}, got {type(t).__name__}")
+
+
+def _index(name, t):
+    if t is not None and not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of int32 or int64, got {type(t).__name__}")
+
+
+def _scales_ok(documents, document_scales):
+    """Compressed documents' scales: a tensor, and with the documents frozen storage."""
+    if document_scales is not None:
+        check.compressed_grad(documents, document_scales)
+
+
 # ---- padded ------------------------------------------------------------------------------
 
-def _scales(document_scales):
-    return None if document_scales is None else document_scales.contiguous()
-
-
 def _padded_args(queries, documents, query_lengths, doc_lengths, document_scales):
-    check.embeddings("queries", queries, 3, "[B, Lq, D]")
-    compressed = check.documents(documents, 4, "[B, C, Ld, D]", document_scales, queries)
-    check.same_dtype_and_dim(queries, documents, compressed)
-    b, lq = queries.shape[0], queries.shape[1]
-    if documents.shape[0] != b:
-        raise ValueError(
-            f"documents must have B = {b} rows like queries, got shape {tuple(documents.shape)}"
-        )
-    c, ld = documents.shape[1], documents.shape[2]
-    check.index("query_lengths", query_lengths, (b,))
-    check.index("doc_lengths", doc_lengths, (b, c))
-    check.same_device(("queries", "documents", "query_lengths", "doc_lengths"),
-                      queries, documents, query_lengths, doc_lengths)
-    read = check.reads_values(queries)
-    check.lengths_in_range("query_lengths", query_lengths, lq, "Lq", read)
-    check.lengths_in_range("doc_lengths", doc_lengths, ld, "Ld", read)
-    return (queries.contiguous(), documents.contiguous(), query_lengths.contiguous(),
-            doc_lengths.contiguous())
+    _tensor("queries", queries, "[B, Lq, D]")
+    _tensor("documents", documents, "[B, C, Ld, D]")
+    _index("query_lengths", query_lengths)
+    _index("doc_lengths", doc_lengths)
+    _scales_ok(documents, document_scales)
+    return queries, documents, query_lengths, doc_lengths
 
 
 def score_candidates_padded(queries, documents, query_lengths, doc_lengths, *,
@@ -63,41 +66,32 @@ def score_candidates_padded(queries, documents, query_lengths, doc_lengths, *,
     -> scores [B, C] float32.
     """
     args = _padded_args(queries, documents, query_lengths, doc_lengths, document_scales)
-    return _call(ops.padded_forward, (*args, False, _scales(document_scales)), args[0], args[1])[0]
+    return _call(ops.padded_forward, (*args, False, document_scales), args[0], args[1])[0]
 
 
 def score_candidates_padded_with_argmax(queries, documents, query_lengths, doc_lengths, *,
                                         document_scales=None):
     """Like score_candidates_padded, plus argmax [B, C, Lq] int32 (-1 where unmatched)."""
     args = _padded_args(queries, documents, query_lengths, doc_lengths, document_scales)
-    return _call(ops.padded_forward, (*args, True, _scales(document_scales)), args[0], args[1])
+    return _call(ops.padded_forward, (*args, True, document_scales), args[0], args[1])
 
 
 def score_candidates_padded_train(queries, documents, query_lengths, doc_lengths, *,
                                   document_scales=None):
     """Differentiable score_candidates_padded (gradients for queries and documents)."""
     args = _padded_args(queries, documents, query_lengths, doc_lengths, document_scales)
-    return _call(ops.padded_forward, (*args, True, _scales(document_scales)), args[0], args[1])[0]
+    return _call(ops.padded_forward, (*args, True, document_scales), args[0], args[1])[0]
 
 
 # ---- contrastive -------------------------------------------------------------------------
 
 def _contrastive_args(queries, documents, document_offsets, query_lengths, document_scales):
-    check.embeddings("queries", queries, 3, "[Nq, Lq, D]")
-    compressed = check.documents(documents, 2, "[total_doc_tokens, D]", document_scales, queries)
-    check.same_dtype_and_dim(queries, documents, compressed)
-    check.index("document_offsets", document_offsets, None)
-    if query_lengths is not None:
-        check.index("query_lengths", query_lengths, (queries.shape[0],))
-    check.same_device(("queries", "documents", "document_offsets", "query_lengths"),
-                      queries, documents, document_offsets, query_lengths)
-    read = check.reads_values(queries)
-    check.offsets("document_offsets", document_offsets, documents.shape[0], "documents.shape[0]",
-                  read)
-    if query_lengths is not None:
-        check.lengths_in_range("query_lengths", query_lengths, queries.shape[1], "Lq", read)
-        query_lengths = query_lengths.contiguous()
-    return queries.contiguous(), documents.contiguous(), document_offsets.contiguous(), query_lengths
+    _tensor("queries", queries, "[Nq, Lq, D]")
+    _tensor("documents", documents, "[total_doc_tokens, D]")
+    _index("document_offsets", document_offsets)
+    _index("query_lengths", query_lengths)
+    _scales_ok(documents, document_scales)
+    return queries, documents, document_offsets, query_lengths
 
 
 def score_contrastive(queries, documents, document_offsets, *, query_lengths=None,
@@ -108,7 +102,7 @@ def score_contrastive(queries, documents, document_offsets, *, query_lengths=Non
     optional query_lengths [Nq] (default: all Lq positions count) -> scores [Nq, Nb] float32.
     """
     args = _contrastive_args(queries, documents, document_offsets, query_lengths, document_scales)
-    return _call(ops.contrastive_forward, (*args, False, _scales(document_scales)), args[0],
+    return _call(ops.contrastive_forward, (*args, False, document_scales), args[0],
                  args[1])[0]
 
 
@@ -116,14 +110,14 @@ def score_contrastive_with_argmax(queries, documents, document_offsets, *, query
                                   document_scales=None):
     """Like score_contrastive, plus argmax [Nq, Nb, Lq] int32 (-1 where unmatched)."""
     args = _contrastive_args(queries, documents, document_offsets, query_lengths, document_scales)
-    return _call(ops.contrastive_forward, (*args, True, _scales(document_scales)), args[0], args[1])
+    return _call(ops.contrastive_forward, (*args, True, document_scales), args[0], args[1])
 
 
 def score_contrastive_train(queries, documents, document_offsets, *, query_lengths=None,
                             document_scales=None):
     """Differentiable score_contrastive, e.g. for in-batch-negative (InfoNCE) training."""
     args = _contrastive_args(queries, documents, document_offsets, query_lengths, document_scales)
-    return _call(ops.contrastive_forward, (*args, True, _scales(document_scales)), args[0],
+    return _call(ops.contrastive_forward, (*args, True, document_scales), args[0],
                  args[1])[0]
 
 
@@ -131,21 +125,12 @@ def score_contrastive_train(queries, documents, document_offsets, *, query_lengt
 
 def _contrastive_padded_args(queries, documents, document_lengths, query_lengths,
                              document_scales):
-    check.embeddings("queries", queries, 3, "[Nq, Lq, D]")
-    compressed = check.documents(documents, 3, "[Nb, Ld, D]", document_scales, queries)
-    check.same_dtype_and_dim(queries, documents, compressed)
-    check.index("document_lengths", document_lengths, (documents.shape[0],))
-    if query_lengths is not None:
-        check.index("query_lengths", query_lengths, (queries.shape[0],))
-    check.same_device(("queries", "documents", "document_lengths", "query_lengths"),
-                      queries, documents, document_lengths, query_lengths)
-    read = check.reads_values(queries)
-    check.lengths_in_range("document_lengths", document_lengths, documents.shape[1], "Ld", read)
-    if query_lengths is not None:
-        check.lengths_in_range("query_lengths", query_lengths, queries.shape[1], "Lq", read)
-        query_lengths = query_lengths.contiguous()
-    return (queries.contiguous(), documents.contiguous(), document_lengths.contiguous(),
-            query_lengths)
+    _tensor("queries", queries, "[Nq, Lq, D]")
+    _tensor("documents", documents, "[Nb, Ld, D]")
+    _index("document_lengths", document_lengths)
+    _index("query_lengths", query_lengths)
+    _scales_ok(documents, document_scales)
+    return queries, documents, document_lengths, query_lengths
 
 
 def score_contrastive_padded(queries, documents, document_lengths, *, query_lengths=None,
@@ -157,7 +142,7 @@ def score_contrastive_padded(queries, documents, document_lengths, *, query_leng
     """
     args = _contrastive_padded_args(queries, documents, document_lengths, query_lengths,
                                     document_scales)
-    return _call(ops.contrastive_padded_forward, (*args, False, _scales(document_scales)), args[0],
+    return _call(ops.contrastive_padded_forward, (*args, False, document_scales), args[0],
                  args[1])[0]
 
 
@@ -166,7 +151,7 @@ def score_contrastive_padded_with_argmax(queries, documents, document_lengths, *
     """Like score_contrastive_padded, plus argmax [Nq, Nb, Lq] int32 (-1 where unmatched)."""
     args = _contrastive_padded_args(queries, documents, document_lengths, query_lengths,
                                     document_scales)
-    return _call(ops.contrastive_padded_forward, (*args, True, _scales(document_scales)), args[0],
+    return _call(ops.contrastive_padded_forward, (*args, True, document_scales), args[0],
                  args[1])
 
 
@@ -175,7 +160,7 @@ def score_contrastive_padded_train(queries, documents, document_lengths, *, quer
     """Differentiable score_contrastive_padded (gradients for queries and documents)."""
     args = _contrastive_padded_args(queries, documents, document_lengths, query_lengths,
                                     document_scales)
-    return _call(ops.contrastive_padded_forward, (*args, True, _scales(document_scales)), args[0],
+    return _call(ops.contrastive_padded_forward, (*args, True, document_scales), args[0],
                  args[1])[0]
 
 
@@ -183,34 +168,27 @@ def score_contrastive_padded_train(queries, documents, document_lengths, *, quer
 
 def _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids,
                  pair_document_ids, max_q_len, need_width, document_scales):
-    check.embeddings("queries", queries, 2, "[total_query_tokens, D]")
-    compressed = check.documents(documents, 2, "[total_doc_tokens, D]", document_scales, queries)
-    check.same_dtype_and_dim(queries, documents, compressed)
-    check.index("query_offsets", query_offsets, None)
-    check.index("document_offsets", document_offsets, None)
-    check.index("pair_query_ids", pair_query_ids, None)
-    check.index("pair_document_ids", pair_document_ids, (pair_query_ids.shape[0],))
-    check.same_device(("queries", "query_offsets", "documents", "document_offsets",
-                       "pair_query_ids", "pair_document_ids"),
-                      queries, query_offsets, documents, document_offsets, pair_query_ids,
-                      pair_document_ids)
-    read = check.reads_values(queries)
-    check.offsets("query_offsets", query_offsets, queries.shape[0], "queries.shape[0]", read)
-    check.offsets("document_offsets", document_offsets, documents.shape[0], "documents.shape[0]",
-                  read)
-    n_queries, n_docs = query_offsets.shape[0] - 1, document_offsets.shape[0] - 1
-    check.ids_in_range("pair_query_ids", pair_query_ids, n_queries, "number of queries", read)
-    check.ids_in_range("pair_document_ids", pair_document_ids, n_docs, "number of documents", read)
+    _tensor("queries", queries, "[total_query_tokens, D]")
+    _tensor("documents", documents, "[total_doc_tokens, D]")
+    _index("query_offsets", query_offsets)
+    _index("document_offsets", document_offsets)
+    _index("pair_query_ids", pair_query_ids)
+    _index("pair_document_ids", pair_document_ids)
+    _scales_ok(documents, document_scales)
     if max_q_len is not None:
-        check.max_q_len(max_q_len, query_offsets, read)
+        # Type and sign here; whether it covers the longest query, in the op (checks.h).
+        check.max_q_len(max_q_len, query_offsets, False)
     elif need_width:
-        # The argmax width is the longest query: reading it is a host sync on a GPU.
+        # The argmax width is the longest query: reading it is a host sync on a GPU, so this
+        # path can afford the metadata checks before reading (the op repeats them).
+        check.packed_call(queries, query_offsets, documents, document_offsets, pair_query_ids,
+                          pair_document_ids, document_scales)
+        n_queries = query_offsets.shape[0] - 1
         max_q_len = int((query_offsets[1:] - query_offsets[:-1]).max()) if n_queries > 0 else 0
     else:
-        max_q_len = 0  # no argmax: the width is unused (and ops reject a negative one)
-    return (queries.contiguous(), query_offsets.contiguous(), documents.contiguous(),
-            document_offsets.contiguous(), pair_query_ids.contiguous(),
-            pair_document_ids.contiguous(), max_q_len)
+        max_q_len = -1  # not given, no argmax: the op uses no width (it passes 0 on)
+    return (queries, query_offsets, documents, document_offsets, pair_query_ids,
+            pair_document_ids, max_q_len)
 
 
 def score_pairs_packed(queries, query_offsets, documents, document_offsets, pair_query_ids,
@@ -223,7 +201,7 @@ def score_pairs_packed(queries, query_offsets, documents, document_offsets, pair
     """
     args = _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids,
                         pair_document_ids, max_q_len, need_width=False, document_scales=document_scales)
-    return _call(ops.packed_forward, (*args, False, _scales(document_scales)), args[0], args[2])[0]
+    return _call(ops.packed_forward, (*args, False, document_scales), args[0], args[2])[0]
 
 
 def score_pairs_packed_with_argmax(queries, query_offsets, documents, document_offsets,
@@ -234,7 +212,7 @@ def score_pairs_packed_with_argmax(queries, query_offsets, documents, document_o
     """
     args = _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids,
                         pair_document_ids, max_q_len, need_width=True, document_scales=document_scales)
-    return _call(ops.packed_forward, (*args, True, _scales(document_scales)), args[0], args[2])
+    return _call(ops.packed_forward, (*args, True, document_scales), args[0], args[2])
 
 
 def score_pairs_packed_train(queries, query_offsets, documents, document_offsets,
@@ -242,4 +220,4 @@ def score_pairs_packed_train(queries, query_offsets, documents, document_offsets
     """Differentiable score_pairs_packed (gradients for queries and documents)."""
     args = _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids,
                         pair_document_ids, max_q_len, need_width=True, document_scales=document_scales)
-    return _call(ops.packed_forward, (*args, True, _scales(document_scales)), args[0], args[2])[0]
+    return _call(ops.packed_forward, (*args, True, document_scales), args[0], args[2])[0]

@@ -1,5 +1,8 @@
 """Fake (meta) kernels for the compiled ops, so torch.compile and FakeTensor can trace them.
 
+The forward fakes run the ops' metadata checks (the C++ ones, checks.h, in Python), so a
+call that reaches them (meta tensors, or tracing) raises what the compiled op would.
+
 The ops return (scores, argmax). Autograd is registered in C++ (torch-ext/autograd.cpp):
 it saves only the int32 argmax; the `_train` entry points ask the forward op for it, the
 inference ones do not, and backward through an inference call raises instead of guessing.
@@ -8,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from . import _validate as check
 from ._ops import add_op_namespace_prefix
 
 
@@ -27,6 +31,7 @@ def _grads_like(queries, documents, need_q: bool, need_d: bool):
 
 @torch.library.register_fake(add_op_namespace_prefix("padded_forward"))
 def _(queries, documents, query_lengths, doc_lengths, with_argmax, document_scales=None):
+    check.padded_call(queries, documents, query_lengths, doc_lengths, document_scales)
     b, c = documents.shape[0], documents.shape[1]
     scores = queries.new_empty((b, c), dtype=_score_dtype(queries))
     return scores, _argmax_like(queries, (b, c, queries.shape[1]), with_argmax)
@@ -34,6 +39,7 @@ def _(queries, documents, query_lengths, doc_lengths, with_argmax, document_scal
 
 @torch.library.register_fake(add_op_namespace_prefix("contrastive_forward"))
 def _(queries, documents, document_offsets, query_lengths, with_argmax, document_scales=None):
+    check.contrastive_call(queries, documents, document_offsets, query_lengths, document_scales, True)
     nq, nb = queries.shape[0], document_offsets.shape[0] - 1
     scores = queries.new_empty((nq, nb), dtype=_score_dtype(queries))
     return scores, _argmax_like(queries, (nq, nb, queries.shape[1]), with_argmax)
@@ -41,6 +47,7 @@ def _(queries, documents, document_offsets, query_lengths, with_argmax, document
 
 @torch.library.register_fake(add_op_namespace_prefix("contrastive_padded_forward"))
 def _(queries, documents, document_lengths, query_lengths, with_argmax, document_scales=None):
+    check.contrastive_call(queries, documents, document_lengths, query_lengths, document_scales, False)
     nq, nb = queries.shape[0], documents.shape[0]
     scores = queries.new_empty((nq, nb), dtype=_score_dtype(queries))
     return scores, _argmax_like(queries, (nq, nb, queries.shape[1]), with_argmax)
@@ -49,9 +56,11 @@ def _(queries, documents, document_lengths, query_lengths, with_argmax, document
 @torch.library.register_fake(add_op_namespace_prefix("packed_forward"))
 def _(queries, query_offsets, documents, document_offsets, pair_query_ids, pair_document_ids,
       max_q_len, with_argmax, document_scales=None):
+    check.packed_call(queries, query_offsets, documents, document_offsets, pair_query_ids,
+                      pair_document_ids, document_scales)
     p = pair_query_ids.shape[0]
     scores = queries.new_empty((p,), dtype=_score_dtype(queries))
-    return scores, _argmax_like(queries, (p, max_q_len), with_argmax)
+    return scores, _argmax_like(queries, (p, max(max_q_len, 0)), with_argmax)
 
 
 @torch.library.register_fake(add_op_namespace_prefix("padded_backward"))

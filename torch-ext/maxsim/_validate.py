@@ -1,4 +1,6 @@
-"""Argument checks shared by every public entry point.
+"""Argument checks in Python: for the distributed helpers and the fake kernels, and the
+few the scoring entry points keep (the ops check the rest in C++, torch-ext/checks.h, with
+the same messages).
 
 Shape, dtype and device checks are free (metadata only) and always run. Checks that
 must read tensor values run only where reading is free: on CPU tensors, or on any
@@ -50,7 +52,7 @@ _OTHER_FLOAT8 = tuple(getattr(torch, n) for n in (
     "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu") if hasattr(torch, n))
 
 
-def documents(t, ndim: int, what: str, scales, queries) -> bool:
+def documents(t, ndim: int, what: str, scales, queries, grad: bool = True) -> bool:
     """Checks the documents and their document_scales; True when they are compressed.
 
     Float documents take no scales; int8 and float8_e4m3fn documents need float32 scales
@@ -77,7 +79,7 @@ def documents(t, ndim: int, what: str, scales, queries) -> bool:
         if isinstance(queries, torch.Tensor) and queries.dtype == torch.float64:
             raise TypeError("compressed documents pair with float16, bfloat16 or float32 queries, "
                             "got float64 queries")
-        if scales.requires_grad or (t.requires_grad and torch.is_grad_enabled()):
+        if grad and (scales.requires_grad or (t.requires_grad and torch.is_grad_enabled())):
             raise ValueError("compressed documents (and their document_scales) are frozen storage and "
                              "get no gradient; detach them, or train on float documents")
         return True
@@ -85,6 +87,17 @@ def documents(t, ndim: int, what: str, scales, queries) -> bool:
     if scales is not None:
         raise ValueError(f"document_scales is only for int8 / float8_e4m3fn documents; documents are {t.dtype}")
     return False
+
+
+def compressed_grad(documents, scales) -> None:
+    """document_scales given: a tensor, and, for compressed documents, no gradient asked of
+    them (this needs the caller's grad mode, which the op no longer sees)."""
+    if not isinstance(scales, torch.Tensor):
+        raise TypeError(f"document_scales must be a torch.Tensor, got {type(scales).__name__}")
+    if documents.dtype in COMPRESSED_DTYPES and (
+            scales.requires_grad or (documents.requires_grad and torch.is_grad_enabled())):
+        raise ValueError("compressed documents (and their document_scales) are frozen storage and "
+                         "get no gradient; detach them, or train on float documents")
 
 
 def same_dtype_and_dim(queries: torch.Tensor, documents: torch.Tensor,
@@ -167,3 +180,46 @@ def max_q_len(value, query_offsets: torch.Tensor, read: bool) -> None:
             raise ValueError(
                 f"max_q_len ({value}) is below the longest query segment ({longest})"
             )
+
+
+# ---- the ops' metadata checks (checks.h), for the fake kernels: a call that dispatches to
+# them (meta tensors, FakeTensor under torch.compile) raises what the compiled op would ----
+
+def padded_call(q, d, ql, dl, scales) -> None:
+    embeddings("queries", q, 3, "[B, Lq, D]")
+    compressed = documents(d, 4, "[B, C, Ld, D]", scales, q, grad=False)
+    same_dtype_and_dim(q, d, compressed)
+    if d.shape[0] != q.shape[0]:
+        raise ValueError(
+            f"documents must have B = {q.shape[0]} rows like queries, got shape {tuple(d.shape)}")
+    index("query_lengths", ql, (q.shape[0],))
+    index("doc_lengths", dl, (q.shape[0], d.shape[1]))
+    same_device(("queries", "documents", "query_lengths", "doc_lengths"), q, d, ql, dl)
+
+
+def contrastive_call(q, d, segments, ql, scales, packed: bool) -> None:
+    name = "document_offsets" if packed else "document_lengths"
+    embeddings("queries", q, 3, "[Nq, Lq, D]")
+    compressed = (documents(d, 2, "[total_doc_tokens, D]", scales, q, grad=False) if packed
+                  else documents(d, 3, "[Nb, Ld, D]", scales, q, grad=False))
+    same_dtype_and_dim(q, d, compressed)
+    index(name, segments, None if packed else (d.shape[0],))
+    if ql is not None:
+        index("query_lengths", ql, (q.shape[0],))
+    same_device(("queries", "documents", name, "query_lengths"), q, d, segments, ql)
+    if packed:
+        offsets(name, segments, d.shape[0], "documents.shape[0]", False)
+
+
+def packed_call(q, q_offsets, d, d_offsets, pq, pd, scales) -> None:
+    embeddings("queries", q, 2, "[total_query_tokens, D]")
+    compressed = documents(d, 2, "[total_doc_tokens, D]", scales, q, grad=False)
+    same_dtype_and_dim(q, d, compressed)
+    index("query_offsets", q_offsets, None)
+    index("document_offsets", d_offsets, None)
+    index("pair_query_ids", pq, None)
+    index("pair_document_ids", pd, (pq.shape[0],))
+    same_device(("queries", "query_offsets", "documents", "document_offsets", "pair_query_ids",
+                 "pair_document_ids"), q, q_offsets, d, d_offsets, pq, pd)
+    offsets("query_offsets", q_offsets, q.shape[0], "queries.shape[0]", False)
+    offsets("document_offsets", d_offsets, d.shape[0], "documents.shape[0]", False)
