@@ -377,3 +377,46 @@ def test_ampere_build_runs_on_this_gpu(tmp_path):
     result = subprocess.run([sys.executable, "-c", AMPERE_CHECK, str(REPO_ROOT / "tests")], env=env,
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0 and "ok" in result.stdout, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+# ---- float32 under torch.set_float32_matmul_precision ----------------------------------------
+
+@pytest.fixture
+def matmul_precision():
+    before = torch.get_float32_matmul_precision()
+    yield torch.set_float32_matmul_precision
+    torch.set_float32_matmul_precision(before)
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("surface", SURFACES)
+def test_float32_precision_medium_is_bfloat16(ms, surface, form, matmul_precision, rng):
+    """"medium": float32 embeddings score as their bfloat16 roundings do on the bfloat16
+    kernels (bitwise), scores float32 and gradients float32; "highest" (torch's default) and
+    "high" keep the float32 path, which differs from the bfloat16 answer."""
+    case = make_case(surface, rng, D=64, Lq=20, Ld=70).to(CUDA)
+    as_bf16 = case.with_qd(case.queries.bfloat16(), case.documents.bfloat16())
+
+    def run(c, precision):
+        matmul_precision(precision)
+        if form != "_train":
+            out = c.call(ms, form)
+            return out if isinstance(out, tuple) else (out,)
+        q, d = c.queries.detach().requires_grad_(), c.documents.detach().requires_grad_()
+        scores = c.with_qd(q, d).call(ms, form)
+        g = torch.linspace(-1, 1, scores.numel(), device=CUDA).reshape(scores.shape)
+        gq, gd = torch.autograd.grad((scores * g).sum(), (q, d))
+        return scores.detach(), gq, gd
+
+    medium, want = run(case, "medium"), run(as_bf16, "medium")
+    assert medium[0].dtype == torch.float32
+    assert torch.equal(medium[0].nan_to_num(7.0), want[0].nan_to_num(7.0))
+    if form == "_with_argmax":
+        assert torch.equal(medium[1], want[1])
+    if form == "_train":
+        for got, ref in zip(medium[1:], want[1:]):
+            assert got.dtype == torch.float32
+            assert torch.equal(got, ref.float())
+    for precision in ("high", "highest"):
+        exact = run(case, precision)[0]
+        assert not torch.equal(exact.nan_to_num(7.0), medium[0].nan_to_num(7.0))

@@ -16,19 +16,36 @@ from ._ops import ops
 from . import _registration  # noqa: F401  (registers the fake kernels)
 
 
-def _call(op, args, queries, documents):
-    """Run `op`, skipping the autograd kernel when no gradient can flow.
+def _call(op, args, qi, di):
+    """Run `op` on args (queries at args[qi], documents at args[di]), skipping the autograd
+    kernel when no gradient can flow.
 
     The autograd kernel is needed only when an embedding requires grad, where it wires
     backward (or, for inference entry points, refuses it with a clear error); skipping it
     saves a dispatcher pass on every inference call. Under torch.compile the op is traced
     through the normal dispatch.
     """
+    queries, documents = args[qi], args[di]
+    if queries.dtype is torch.float32 and documents.dtype is torch.float32 and queries.is_cuda \
+            and torch.get_float32_matmul_precision() == "medium":
+        args = _as_bfloat16(args, qi, di)
     if (torch.is_grad_enabled() and (queries.requires_grad or documents.requires_grad)) \
             or torch.compiler.is_compiling():
         return op(*args)
     with torch._C._AutoDispatchBelowAutograd():
         return op(*args)
+
+
+def _as_bfloat16(args, qi, di):
+    """float32 embeddings on a GPU under torch.set_float32_matmul_precision("medium"): the
+    setting's bargain, as torch.matmul takes it: the products of bfloat16-rounded inputs, on
+    the bfloat16 tensor-core kernels, accumulated and scored in float32. The casts are
+    differentiable, so `_train` gradients come back float32. ("high" and "highest" keep the
+    float32 FFMA path.)"""
+    args = list(args)
+    args[qi] = args[qi].to(torch.bfloat16)
+    args[di] = args[di].to(torch.bfloat16)
+    return tuple(args)
 
 
 def _tensor(name, t, what):
@@ -66,21 +83,21 @@ def score_candidates_padded(queries, documents, query_lengths, doc_lengths, *,
     -> scores [B, C] float32.
     """
     args = _padded_args(queries, documents, query_lengths, doc_lengths, document_scales)
-    return _call(ops.padded_forward, (*args, False, document_scales), args[0], args[1])[0]
+    return _call(ops.padded_forward, (*args, False, document_scales), 0, 1)[0]
 
 
 def score_candidates_padded_with_argmax(queries, documents, query_lengths, doc_lengths, *,
                                         document_scales=None):
     """Like score_candidates_padded, plus argmax [B, C, Lq] int32 (-1 where unmatched)."""
     args = _padded_args(queries, documents, query_lengths, doc_lengths, document_scales)
-    return _call(ops.padded_forward, (*args, True, document_scales), args[0], args[1])
+    return _call(ops.padded_forward, (*args, True, document_scales), 0, 1)
 
 
 def score_candidates_padded_train(queries, documents, query_lengths, doc_lengths, *,
                                   document_scales=None):
     """Differentiable score_candidates_padded (gradients for queries and documents)."""
     args = _padded_args(queries, documents, query_lengths, doc_lengths, document_scales)
-    return _call(ops.padded_forward, (*args, True, document_scales), args[0], args[1])[0]
+    return _call(ops.padded_forward, (*args, True, document_scales), 0, 1)[0]
 
 
 # ---- contrastive -------------------------------------------------------------------------
@@ -102,23 +119,21 @@ def score_contrastive(queries, documents, document_offsets, *, query_lengths=Non
     optional query_lengths [Nq] (default: all Lq positions count) -> scores [Nq, Nb] float32.
     """
     args = _contrastive_args(queries, documents, document_offsets, query_lengths, document_scales)
-    return _call(ops.contrastive_forward, (*args, False, document_scales), args[0],
-                 args[1])[0]
+    return _call(ops.contrastive_forward, (*args, False, document_scales), 0, 1)[0]
 
 
 def score_contrastive_with_argmax(queries, documents, document_offsets, *, query_lengths=None,
                                   document_scales=None):
     """Like score_contrastive, plus argmax [Nq, Nb, Lq] int32 (-1 where unmatched)."""
     args = _contrastive_args(queries, documents, document_offsets, query_lengths, document_scales)
-    return _call(ops.contrastive_forward, (*args, True, document_scales), args[0], args[1])
+    return _call(ops.contrastive_forward, (*args, True, document_scales), 0, 1)
 
 
 def score_contrastive_train(queries, documents, document_offsets, *, query_lengths=None,
                             document_scales=None):
     """Differentiable score_contrastive, e.g. for in-batch-negative (InfoNCE) training."""
     args = _contrastive_args(queries, documents, document_offsets, query_lengths, document_scales)
-    return _call(ops.contrastive_forward, (*args, True, document_scales), args[0],
-                 args[1])[0]
+    return _call(ops.contrastive_forward, (*args, True, document_scales), 0, 1)[0]
 
 
 # ---- contrastive over padded documents ---------------------------------------------------
@@ -142,8 +157,7 @@ def score_contrastive_padded(queries, documents, document_lengths, *, query_leng
     """
     args = _contrastive_padded_args(queries, documents, document_lengths, query_lengths,
                                     document_scales)
-    return _call(ops.contrastive_padded_forward, (*args, False, document_scales), args[0],
-                 args[1])[0]
+    return _call(ops.contrastive_padded_forward, (*args, False, document_scales), 0, 1)[0]
 
 
 def score_contrastive_padded_with_argmax(queries, documents, document_lengths, *,
@@ -151,8 +165,7 @@ def score_contrastive_padded_with_argmax(queries, documents, document_lengths, *
     """Like score_contrastive_padded, plus argmax [Nq, Nb, Lq] int32 (-1 where unmatched)."""
     args = _contrastive_padded_args(queries, documents, document_lengths, query_lengths,
                                     document_scales)
-    return _call(ops.contrastive_padded_forward, (*args, True, document_scales), args[0],
-                 args[1])
+    return _call(ops.contrastive_padded_forward, (*args, True, document_scales), 0, 1)
 
 
 def score_contrastive_padded_train(queries, documents, document_lengths, *, query_lengths=None,
@@ -160,8 +173,7 @@ def score_contrastive_padded_train(queries, documents, document_lengths, *, quer
     """Differentiable score_contrastive_padded (gradients for queries and documents)."""
     args = _contrastive_padded_args(queries, documents, document_lengths, query_lengths,
                                     document_scales)
-    return _call(ops.contrastive_padded_forward, (*args, True, document_scales), args[0],
-                 args[1])[0]
+    return _call(ops.contrastive_padded_forward, (*args, True, document_scales), 0, 1)[0]
 
 
 # ---- packed ------------------------------------------------------------------------------
@@ -201,7 +213,7 @@ def score_pairs_packed(queries, query_offsets, documents, document_offsets, pair
     """
     args = _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids,
                         pair_document_ids, max_q_len, need_width=False, document_scales=document_scales)
-    return _call(ops.packed_forward, (*args, False, document_scales), args[0], args[2])[0]
+    return _call(ops.packed_forward, (*args, False, document_scales), 0, 2)[0]
 
 
 def score_pairs_packed_with_argmax(queries, query_offsets, documents, document_offsets,
@@ -212,7 +224,7 @@ def score_pairs_packed_with_argmax(queries, query_offsets, documents, document_o
     """
     args = _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids,
                         pair_document_ids, max_q_len, need_width=True, document_scales=document_scales)
-    return _call(ops.packed_forward, (*args, True, document_scales), args[0], args[2])
+    return _call(ops.packed_forward, (*args, True, document_scales), 0, 2)
 
 
 def score_pairs_packed_train(queries, query_offsets, documents, document_offsets,
@@ -220,4 +232,4 @@ def score_pairs_packed_train(queries, query_offsets, documents, document_offsets
     """Differentiable score_pairs_packed (gradients for queries and documents)."""
     args = _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids,
                         pair_document_ids, max_q_len, need_width=True, document_scales=document_scales)
-    return _call(ops.packed_forward, (*args, True, document_scales), args[0], args[2])[0]
+    return _call(ops.packed_forward, (*args, True, document_scales), 0, 2)[0]
