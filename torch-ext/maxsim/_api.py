@@ -26,14 +26,21 @@ def _call(op, args, qi, di):
     through the normal dispatch.
     """
     queries, documents = args[qi], args[di]
-    if queries.dtype is torch.float32 and documents.dtype is torch.float32 and queries.is_cuda \
-            and torch.get_float32_matmul_precision() == "medium":
+    if queries.dtype is torch.float32 and documents.dtype is torch.float32 \
+            and _matmul_precision() == "medium" and queries.is_cuda:
         args = _as_bfloat16(args, qi, di)
     if (torch.is_grad_enabled() and (queries.requires_grad or documents.requires_grad)) \
             or torch.compiler.is_compiling():
         return op(*args)
     with torch._C._AutoDispatchBelowAutograd():
         return op(*args)
+
+
+@torch.compiler.assume_constant_result
+def _matmul_precision() -> str:
+    """torch.get_float32_matmul_precision(), which torch.compile cannot trace (it returns a
+    str): read when the graph is traced, as the compiler reads it for its own matmuls."""
+    return torch.get_float32_matmul_precision()
 
 
 def _as_bfloat16(args, qi, di):
