@@ -65,8 +65,13 @@ def _index(name, t):
         raise TypeError(f"{name} must be a torch.Tensor of int32 or int64, got {type(t).__name__}")
 
 
-def _scales_ok(documents, document_scales):
-    """Compressed documents' scales: a tensor, and with the documents frozen storage."""
+def _python_checks(queries, q_what, documents, d_what, document_scales, *indices):
+    """What the op cannot see: every argument a tensor (`indices`: (name, tensor or None)
+    pairs), and compressed documents' scales a tensor with the documents frozen storage."""
+    _tensor("queries", queries, q_what)
+    _tensor("documents", documents, d_what)
+    for name, t in indices:
+        _index(name, t)
     if document_scales is not None:
         check.compressed_grad(documents, document_scales)
 
@@ -74,11 +79,8 @@ def _scales_ok(documents, document_scales):
 # ---- padded ------------------------------------------------------------------------------
 
 def _padded_args(queries, documents, query_lengths, doc_lengths, document_scales):
-    _tensor("queries", queries, "[B, Lq, D]")
-    _tensor("documents", documents, "[B, C, Ld, D]")
-    _index("query_lengths", query_lengths)
-    _index("doc_lengths", doc_lengths)
-    _scales_ok(documents, document_scales)
+    _python_checks(queries, "[B, Lq, D]", documents, "[B, C, Ld, D]", document_scales,
+                   ("query_lengths", query_lengths), ("doc_lengths", doc_lengths))
     return queries, documents, query_lengths, doc_lengths
 
 
@@ -110,11 +112,8 @@ def score_candidates_padded_train(queries, documents, query_lengths, doc_lengths
 # ---- contrastive -------------------------------------------------------------------------
 
 def _contrastive_args(queries, documents, document_offsets, query_lengths, document_scales):
-    _tensor("queries", queries, "[Nq, Lq, D]")
-    _tensor("documents", documents, "[total_doc_tokens, D]")
-    _index("document_offsets", document_offsets)
-    _index("query_lengths", query_lengths)
-    _scales_ok(documents, document_scales)
+    _python_checks(queries, "[Nq, Lq, D]", documents, "[total_doc_tokens, D]", document_scales,
+                   ("document_offsets", document_offsets), ("query_lengths", query_lengths))
     return queries, documents, document_offsets, query_lengths
 
 
@@ -147,11 +146,8 @@ def score_contrastive_train(queries, documents, document_offsets, *, query_lengt
 
 def _contrastive_padded_args(queries, documents, document_lengths, query_lengths,
                              document_scales):
-    _tensor("queries", queries, "[Nq, Lq, D]")
-    _tensor("documents", documents, "[Nb, Ld, D]")
-    _index("document_lengths", document_lengths)
-    _index("query_lengths", query_lengths)
-    _scales_ok(documents, document_scales)
+    _python_checks(queries, "[Nq, Lq, D]", documents, "[Nb, Ld, D]", document_scales,
+                   ("document_lengths", document_lengths), ("query_lengths", query_lengths))
     return queries, documents, document_lengths, query_lengths
 
 
@@ -187,13 +183,10 @@ def score_contrastive_padded_train(queries, documents, document_lengths, *, quer
 
 def _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids,
                  pair_document_ids, max_q_len, need_width, document_scales):
-    _tensor("queries", queries, "[total_query_tokens, D]")
-    _tensor("documents", documents, "[total_doc_tokens, D]")
-    _index("query_offsets", query_offsets)
-    _index("document_offsets", document_offsets)
-    _index("pair_query_ids", pair_query_ids)
-    _index("pair_document_ids", pair_document_ids)
-    _scales_ok(documents, document_scales)
+    _python_checks(queries, "[total_query_tokens, D]", documents, "[total_doc_tokens, D]",
+                   document_scales, ("query_offsets", query_offsets),
+                   ("document_offsets", document_offsets), ("pair_query_ids", pair_query_ids),
+                   ("pair_document_ids", pair_document_ids))
     if max_q_len is not None:
         # Type and sign here; whether it covers the longest query, in the op (checks.h).
         check.max_q_len(max_q_len, query_offsets, False)
