@@ -529,3 +529,37 @@ def test_zero_dim_and_empty(ops):
     s, a = ops.padded_forward(q, v, ql, dl, True, torch.rand(2, 2, 4, device=CUDA) + 0.5)
     assert s.cpu().tolist() == [[0.0, float("-inf")], [0.0, 0.0]]
     assert (a[0, 0] == 0).all() and (a[0, 1] == -1).all() and (a[1] == -1).all()
+
+
+# ---- the sm_90a kernel (documents as the register operand) against mma.sync ------------------
+
+def kernel_names(fn):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out = fn()
+        torch.cuda.synchronize()
+    return out, {e.key for e in prof.key_averages()}
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("surface", ("padded", "packed"))
+def test_sm90a_kernel_runs_and_matches_mma_sync(ops, monkeypatch, surface, fmt):
+    """On an H100 / H200 padded and packed calls with 64 < dim <= 128 take the wgmma kernel
+    (MAXSIM_CUDA_HOPPER_BYTES=0 keeps mma.sync): both paths meet the float64 bound, and on
+    integer inputs (exact everywhere) they agree bit for bit, argmax included."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel needs sm_90a")
+    shapes = ((torch.float16, 128, 32, 300), (torch.bfloat16, 96, 70, 200), (torch.float16, 112, 64, 129),
+              (torch.bfloat16, 128, 1, 64))
+    for qdtype, dim, lq, ld in shapes:
+        got = {}
+        for knob in ("1", "0"):
+            monkeypatch.setenv("MAXSIM_CUDA_HOPPER_BYTES", knob)
+            for integer in (False, True):
+                gen = torch.Generator().manual_seed(dim * 7 + lq + integer)
+                case = Case(surface, fmt, qdtype, dim, lq, gen, integer=integer, ld=ld)
+                (scores, argmax), names = kernel_names(lambda: run_case(ops, case, check_backward=False))
+                assert any("hopper_bytes" in n for n in names) == (knob == "1"), (knob, sorted(names))
+                if integer:
+                    check_forward(case, scores, argmax)
+                    got[knob] = (scores.cpu(), argmax.cpu())
+        assert torch.equal(got["1"][0], got["0"][0]) and torch.equal(got["1"][1], got["0"][1]), (qdtype, dim, lq)

@@ -12,6 +12,7 @@
 #include "../launch.h"
 #include "doc_format.cuh"
 #include "forward_hopper.cuh"
+#include "forward_hopper_bytes.cuh"
 #include "forward_kernel.cuh"
 
 namespace maxsim_cuda {
@@ -309,9 +310,37 @@ struct CompressedKConfig<T, 64, F> { using type = MmaKMainloop<T, 64, 64, 4, 2, 
 template <class T, DocFormat F>
 struct CompressedKConfig<T, 128, F> { using type = MmaKMainloop<T, 128, 64, 4, 2, 64, 4, 1, F>; };
 
+// sm_90a, padded and packed, 64 < dim <= 128: the wgmma kernel with the documents as the
+// register operand (forward_hopper_bytes.cuh); 32 query rows for Lq <= 32 (4 stages, 2 CTAs
+// per SM), else 64-row chunks (3 stages). ran = false leaves the call to mma.sync.
+template <class T, DocFormat F, int SURF>
+cudaError_t try_forward_hopper_bytes(const ForwardParams& p, bool& ran) {
+  ran = false;
+  if constexpr (SURF == 0 || SURF == 2) {
+    if (!hopper_bytes_wanted() || !hopper_bytes_applies(p)) return cudaSuccess;
+    const ForwardParams v = hopper_view(p);
+    const EpilogueArgs ep = make_args<T>(p).ep;
+    auto run = [&](const auto& pol) {
+      return v.lq <= 32 ? run_forward_hopper_bytes<T, F, HopperByteShape<32, 4>>(v, pol, ep, ran)
+                        : run_forward_hopper_bytes<T, F, HopperByteShape<64, 3>>(v, pol, ep, ran);
+    };
+    if constexpr (SURF == 0) {
+      return run(make_padded_grid(p));
+    } else {
+      return run(make_packed_grid(p));
+    }
+  }
+  return cudaSuccess;
+}
+
 template <class T, DocFormat F, int SURF>
 cudaError_t launch_compressed_surface(const ForwardParams& p) {
   const int bm = pick_bm(p);
+  if constexpr (!std::is_same_v<T, float>) {
+    bool ran = false;
+    const cudaError_t err = try_forward_hopper_bytes<T, F, SURF>(p, ran);
+    if (ran || err != cudaSuccess) return err;
+  }
   if constexpr (std::is_same_v<T, float>) {
     if (bm == 32) return run_surface<SimtMainloop<float, float, 32, F>, SURF>(p);
     if (bm == 64) return run_surface<SimtMainloop<float, float, 64, F>, SURF>(p);

@@ -82,6 +82,12 @@ struct HopperShape {
   // A ring slot: streamed, the consumers' query chunks first, then the document chunk.
   static constexpr uint32_t kQueryInSlot = kStream ? kConsumers * kQueryBlockBytes : 0;
   static constexpr uint32_t kSlotBytes = kQueryInSlot + kDocBytes;
+  // What the compressed-document shape (forward_hopper_bytes.cuh) changes: 128-byte
+  // document rows in one block, each slot's row scales after its tile, and two query buffers.
+  static constexpr int kDocBlocks = KB;         // 128-byte column blocks of a document tile
+  static constexpr uint32_t kScaleBytes = 0;    // per slot, after the tile
+  static constexpr uint32_t kScaleOffset = kSlotBytes;
+  static constexpr int kQueryBufs = 1;          // resident query buffers (ring)
   static_assert(KD % 64 == 0 && KB >= 1 && KB <= 2, "KD");
 };
 
@@ -99,16 +105,22 @@ constexpr int32_t kTileOk = 1, kTileLast = 2;
 // The resident shapes' query blocks (streamed shapes keep theirs in the ring slots).
 template <class Shape, bool = Shape::kStream>
 struct HopperQueryBlocks {
-  alignas(1024) unsigned char query[Shape::kConsumers][Shape::kQueryBlockBytes];
+  alignas(1024) unsigned char query[Shape::kQueryBufs][Shape::kConsumers][Shape::kQueryBlockBytes];
 };
 template <class Shape>
 struct HopperQueryBlocks<Shape, true> {};
 
+// The consumers' own shared memory beyond the epilogue's (empty but for the byte shape).
+template <class Shape, bool = (Shape::kScaleBytes > 0)>
+struct HopperConsumerSmem {};
 template <class Shape>
-struct HopperSmem : HopperQueryBlocks<Shape> {
+struct HopperConsumerSmem<Shape, true> : Shape::ConsumerSmem {};
+
+template <class Shape>
+struct HopperSmem : HopperQueryBlocks<Shape>, HopperConsumerSmem<Shape> {
   alignas(1024) unsigned char slot[Shape::kStages][Shape::kSlotBytes];
   TileInfo info[Shape::kStages];
-  uint64_t full[Shape::kStages], empty[Shape::kStages], qfull, qempty;
+  uint64_t full[Shape::kStages], empty[Shape::kStages], qfull[Shape::kQueryBufs], qempty[Shape::kQueryBufs];
   EpilogueSmem<float, Shape::BM, 1> epi[Shape::kConsumers];
   // + 1024: the swizzle atoms need a 1024-byte aligned base; the dynamic window promises 16.
   static constexpr size_t bytes() { return sizeof(HopperSmem) + 1024; }
@@ -251,7 +263,7 @@ __device__ __forceinline__ int query_boxes(const HopperParams<Policy>& hp, int64
 template <class Shape, class Policy>
 __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const HopperParams<Policy>& hp, StepRange range,
                                                const CUtensorMap* qmap, const CUtensorMap* dmap,
-                                               const CUtensorMap* tmap) {
+                                               const CUtensorMap* tmap, const CUtensorMap* smap = nullptr) {
   constexpr int S = Shape::kStages, BN = Shape::BN, KB = Shape::KB, C = Shape::kConsumers;
   constexpr uint32_t kRowBytes = Shape::kRowBytes;
   const Policy& pol = hp.pol;
@@ -266,6 +278,7 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
   prefetch_tensormap(qmap);
   prefetch_tensormap(dmap);
   if constexpr (Policy::kBoundedLoads) prefetch_tensormap(tmap);
+  if constexpr (Shape::kScaleBytes > 0) prefetch_tensormap(smap);
   StepWalk<Policy::kStrided> walk(range, pol.Nb);
   // A step's index reads, made a step ahead: the document's rows, and on a strided walk
   // (a query per step) the query's length, which travels in the TileInfo instead of being
@@ -357,12 +370,18 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
         }
       }
       if constexpr (!Shape::kStream) {
-        if (cur_set >= 0) mbar_wait(smem_addr(&sm.qempty), (qround++) & 1);
-        mbar_arrive_expect_tx(smem_addr(&sm.qfull), KB * qbytes);
+        // round r fills buffer r % kQueryBufs once the consumers released its round r - kQueryBufs
+        // (a fresh barrier passes the first wait)
+        constexpr int QB = Shape::kQueryBufs;
+        const int qbuf = static_cast<int>(qround % QB);
+        mbar_wait(smem_addr(&sm.qempty[qbuf]), ((qround / QB) & 1) ^ 1);
+        ++qround;
+        mbar_arrive_expect_tx(smem_addr(&sm.qfull[qbuf]), KB * qbytes);
         for (int g = 0; g < blocks; ++g) {
 #pragma unroll
           for (int kb = 0; kb < KB; ++kb) {
-            load_query(smem_addr(sm.query[g]) + kb * Shape::BM * kRowBytes, smem_addr(&sm.qfull), g, kb * 64);
+            load_query(smem_addr(sm.query[qbuf][g]) + kb * Shape::BM * kRowBytes, smem_addr(&sm.qfull[qbuf]), g,
+                       kb * 64);
           }
         }
       }
@@ -379,7 +398,8 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
       const int64_t left = cur_len - t * BN;
       // 0: the whole tile as one box
       const int boxes = Policy::kBoundedLoads && left < BN ? static_cast<int>((left + kBoxRows - 1) / kBoxRows) : 0;
-      const uint32_t dbytes = boxes > 0 ? KB * uint32_t(boxes) * kBoxBytes : Shape::kDocBytes;
+      const uint32_t dbytes =
+          (boxes > 0 ? Shape::kDocBlocks * uint32_t(boxes) * kBoxBytes : Shape::kDocBytes) + Shape::kScaleBytes;
       const uint32_t tx = !data ? 0u : (Shape::kStream ? qbytes : 0u) + dbytes;
       const TileInfo info{cur_n, cur_len, static_cast<int32_t>(t),
                           (cur_ok ? kTileOk : 0) | (t + 1 == ntiles ? kTileLast : 0), cur_qlen};
@@ -394,8 +414,9 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
 #pragma unroll
           for (int g = 0; g < blocks; ++g) load_query(slot + g * Shape::kQueryBlockBytes, full, g, kc * 64);
         }
+        if constexpr (Shape::kScaleBytes > 0) tma_load_1d(slot + Shape::kScaleOffset, smap, full, drow);
 #pragma unroll
-        for (int kb = 0; kb < KB; ++kb) {
+        for (int kb = 0; kb < Shape::kDocBlocks; ++kb) {
           const uint32_t dst = slot + Shape::kQueryInSlot + kb * BN * kRowBytes;
           const int x = Shape::kStream ? kc * 64 : kb * 64;
           if (boxes == 0) {
@@ -423,7 +444,7 @@ __device__ __forceinline__ int hopper_tile_mma(HopperSmem<Shape>& sm, float (&ac
   fence_registers(acc);
   if constexpr (!Shape::kStream) {
     const int stage = it % S;
-    const uint64_t qdesc = sw128_desc(smem_addr(sm.query[g]));
+    const uint64_t qdesc = sw128_desc(smem_addr(sm.query[0][g]));
     const uint64_t tdesc = sw128_desc(smem_addr(sm.slot[stage]));
     wgmma_fence();
 #pragma unroll
@@ -482,7 +503,7 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
     const int64_t set = walk.set, n = walk.n;
     if (set != cur_set) {
       // every MMA on the old blocks has drained (streamed shapes keep no blocks)
-      if (!Shape::kStream && cur_set >= 0) mbar_arrive(smem_addr(&sm.qempty));
+      if (!Shape::kStream && cur_set >= 0) mbar_arrive(smem_addr(&sm.qempty[0]));
       cur_set = set;
       qb = set * C + g;
       active = qb < hp.blocks;  // uniform over the warpgroup
@@ -500,7 +521,7 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
           sync();
         }
       }
-      if constexpr (!Shape::kStream) mbar_wait(smem_addr(&sm.qfull), (qround++) & 1);
+      if constexpr (!Shape::kStream) mbar_wait(smem_addr(&sm.qfull[0]), (qround++) & 1);
     }
     row_max.reset();
     TileInfo info;
@@ -561,6 +582,22 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
   }
 }
 
+template <class Shape>
+__device__ __forceinline__ void hopper_init_barriers(HopperSmem<Shape>& sm) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Shape::kStages; ++s) {
+      mbar_init(smem_addr(&sm.full[s]), 1);
+      mbar_init(smem_addr(&sm.empty[s]), Shape::kConsumers * 128);
+    }
+    for (int b = 0; b < Shape::kQueryBufs; ++b) {
+      mbar_init(smem_addr(&sm.qfull[b]), 1);
+      mbar_init(smem_addr(&sm.qempty[b]), Shape::kConsumers * 128);
+    }
+    fence_mbar_init();
+  }
+  __syncthreads();
+}
+
 template <class T, class Shape, class Policy>
 __global__ void __launch_bounds__(Shape::kThreads, Shape::kCtasPerSm)
     maxsim_forward_hopper_kernel(const HopperParams<Policy> hp, const __grid_constant__ CUtensorMap qmap,
@@ -571,16 +608,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kCtasPerSm)
   auto& sm = *reinterpret_cast<HopperSmem<Shape>*>(smem_raw + pad);
   const StepRange range = walk_range<Policy::kStrided>(hp.sets * hp.pol.Nb);
   if (range.begin >= range.end) return;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < Shape::kStages; ++s) {
-      mbar_init(smem_addr(&sm.full[s]), 1);
-      mbar_init(smem_addr(&sm.empty[s]), Shape::kConsumers * 128);
-    }
-    mbar_init(smem_addr(&sm.qfull), 1);
-    mbar_init(smem_addr(&sm.qempty), Shape::kConsumers * 128);
-    fence_mbar_init();
-  }
-  __syncthreads();
+  hopper_init_barriers<Shape>(sm);
   if (uniform(threadIdx.x / 32) == Shape::kProducerWarp) {
     if (threadIdx.x % 32 == 0) hopper_produce<Shape>(sm, hp, range, &qmap, &dmap, &tmap);
     return;
@@ -618,51 +646,77 @@ inline TensorMapEncodeTiled tensor_map_encoder() {
   return fn;
 }
 
-// [rows x dim] row-major 16-bit matrix, boxes of box_rows x 64 columns, 128-byte swizzle,
-// zeros outside. false when the driver refuses it.
-template <class T>
-bool encode_rows_map(CUtensorMap& map, const void* base, int64_t rows, int64_t dim, int box_rows) {
+// A tensor map: `type` elements of `elem_bytes`, rank 2 ([rows x dim] row-major, boxes of
+// box_rows x box_cols, 128-byte swizzle) or rank 1 (rows == 0: a vector of dim, boxes of
+// box_cols, no swizzle); zeros outside. false when the driver refuses it.
+struct MapKey {
+  const void* base = nullptr;
+  int64_t rows = 0, dim = 0;
+  int box_rows = 0, box_cols = 0, type = -1;
+  bool operator==(const MapKey& o) const {
+    return base == o.base && rows == o.rows && dim == o.dim && box_rows == o.box_rows && box_cols == o.box_cols &&
+           type == o.type;
+  }
+};
+inline bool encode_map(CUtensorMap& map, const MapKey& k, int elem_bytes) {
   const TensorMapEncodeTiled encode = tensor_map_encoder();
   if (encode == nullptr) return false;
-  const CUtensorMapDataType type =
-      std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  const cuuint64_t dims[2] = {cuuint64_t(dim), cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(dim) * sizeof(T)};
-  const cuuint32_t box[2] = {64u, cuuint32_t(box_rows)};
+  const auto type = static_cast<CUtensorMapDataType>(k.type);
   const cuuint32_t elem_strides[2] = {1u, 1u};
-  return encode(&map, type, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
+  if (k.rows == 0) {  // the driver wants a strides array even at rank 1 (it reads none of it)
+    const cuuint64_t dims[1] = {cuuint64_t(k.dim)};
+    const cuuint64_t strides[1] = {cuuint64_t(k.dim) * elem_bytes};
+    const cuuint32_t box[1] = {cuuint32_t(k.box_cols)};
+    return encode(&map, type, 1, const_cast<void*>(k.base), dims, strides, box, elem_strides,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  }
+  const cuuint64_t dims[2] = {cuuint64_t(k.dim), cuuint64_t(k.rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(k.dim) * elem_bytes};
+  const cuuint32_t box[2] = {cuuint32_t(k.box_cols), cuuint32_t(k.box_rows)};
+  return encode(&map, type, 2, const_cast<void*>(k.base), dims, strides, box, elem_strides,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// encode_rows_map through a small per-thread cache: an inference loop or a training step
-// passes the same tensors (or tensors at the same addresses) call after call, and the map
-// depends only on the address, the extents, the box and the type.
-template <class T>
-bool rows_map(CUtensorMap& map, const void* base, int64_t rows, int64_t dim, int box_rows) {
+// encode_map through a small per-thread cache: an inference loop or a training step passes
+// the same tensors (or tensors at the same addresses) call after call, and the map depends
+// only on the address, the extents, the box and the type.
+inline bool cached_map(CUtensorMap& map, const MapKey& key, int elem_bytes) {
   struct Entry {
-    const void* base = nullptr;
-    int64_t rows = 0, dim = 0;
-    int box_rows = 0;
+    MapKey key;
     CUtensorMap map;
   };
   thread_local Entry cache[8];
   thread_local int next = 0;
   for (const Entry& e : cache) {
-    if (e.base == base && e.rows == rows && e.dim == dim && e.box_rows == box_rows) {
+    if (e.key == key) {
       map = e.map;
       return true;
     }
   }
-  if (!encode_rows_map<T>(map, base, rows, dim, box_rows)) return false;
+  if (!encode_map(map, key, elem_bytes)) return false;
   Entry& e = cache[next];
   next = (next + 1) % 8;
-  e.base = base;
-  e.rows = rows;
-  e.dim = dim;
-  e.box_rows = box_rows;
+  e.key = key;
   e.map = map;
   return true;
+}
+
+// [rows x dim] row-major 16-bit matrix in boxes of box_rows x 64 columns.
+template <class T>
+bool rows_map(CUtensorMap& map, const void* base, int64_t rows, int64_t dim, int box_rows) {
+  const CUtensorMapDataType type =
+      std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  return cached_map(map, MapKey{base, rows, dim, box_rows, 64, static_cast<int>(type)}, 2);
+}
+// [rows x dim] bytes in boxes of box_rows x 128 bytes.
+inline bool byte_rows_map(CUtensorMap& map, const void* base, int64_t rows, int64_t dim, int box_rows) {
+  return cached_map(map, MapKey{base, rows, dim, box_rows, 128, static_cast<int>(CU_TENSOR_MAP_DATA_TYPE_UINT8)}, 1);
+}
+// A float32 vector of n in boxes of `box`.
+inline bool scales_map(CUtensorMap& map, const float* base, int64_t n, int box) {
+  return cached_map(map, MapKey{base, 0, n, 0, box, static_cast<int>(CU_TENSOR_MAP_DATA_TYPE_FLOAT32)}, 4);
 }
 
 // The call as this kernel's grids see it: packed pairs are padded queries of one document
@@ -684,15 +738,18 @@ inline ForwardParams hopper_view(const ForwardParams& p) {
 // Compressed documents (int8 / e4m3) stay with the mma.sync kernels for now: wgmma reads
 // its B operand from shared memory as 16-bit values, so this kernel would need a widening
 // stage between the TMA ring and the MMAs; the mma.sync kernels widen in registers.
-inline bool hopper_applies(const ForwardParams& p) {
+inline bool hopper_call_fits(const ForwardParams& p) {
   constexpr int64_t kCoordLimit = (int64_t(1) << 31) - 256;  // TMA coordinates are int32
   const bool packed = p.surface == Surface::kPacked;
   const int64_t lq = packed ? p.max_q_len : p.lq;
-  return p.doc_format == DocFormat::kNative && lq >= 1 && (!packed || lq <= p.q_rows) && p.dim >= 8 && p.dim % 8 == 0 && p.dim < kCoordLimit &&
+  return lq >= 1 && (!packed || lq <= p.q_rows) && p.dim >= 8 && p.dim % 8 == 0 && p.dim < kCoordLimit &&
          p.num_queries > 0 && p.num_docs > 0 && p.q_rows > 0 && p.d_rows > 0 && p.q_rows < kCoordLimit &&
          p.d_rows < kCoordLimit && reinterpret_cast<uintptr_t>(p.queries) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(p.documents) % 16 == 0 && !force_mma_sync() &&
          wgmma_compiled_for_current_device();
+}
+inline bool hopper_applies(const ForwardParams& p) {
+  return p.doc_format == DocFormat::kNative && hopper_call_fits(p);
 }
 
 // Rows of an average document: padded, the padded length; else the packed rows per document.
@@ -745,18 +802,12 @@ inline HopperBlocks hopper_blocks(const ForwardParams& p) {
   return {(p.num_queries + g - 1) / g, 1};
 }
 
-template <class T, class Shape, class Policy>
-cudaError_t run_forward_hopper(const ForwardParams& p, const Policy& pol, const EpilogueArgs& ep, bool& ran) {
-  ran = false;
-  // tmap: the documents in 32-row boxes (bounded loads' short tiles; else never read).
-  constexpr bool kBounded = Policy::kBoundedLoads;
-  CUtensorMap qmap, dmap, tmap;
-  if (!rows_map<T>(qmap, p.queries, p.q_rows, p.dim, kBounded ? kBoxRows : Shape::BM) ||
-      !rows_map<T>(dmap, p.documents, p.d_rows, p.dim, Shape::BN) ||
-      (kBounded && !rows_map<T>(tmap, p.documents, p.d_rows, p.dim, kBoxRows))) {
-    return cudaSuccess;  // not taken: the mma.sync kernels run instead
-  }
-  if (!kBounded) tmap = dmap;
+// The launch both kernels share (maps: their tensor maps, passed on as kernel arguments).
+// (The kernel is a template argument: the occupancy cache below is per kernel.)
+template <class Shape, auto kKernel, class Policy, class... Maps>
+cudaError_t launch_hopper(const ForwardParams& p, const Policy& pol, const EpilogueArgs& ep, bool& ran,
+                          const Maps&... maps) {
+  const auto kern = kKernel;
   static_assert(Shape::BM == 64, "hopper_blocks counts 64-row blocks");
   const HopperBlocks hb = hopper_blocks(p);
   HopperParams<Policy> hp;
@@ -775,7 +826,6 @@ cudaError_t run_forward_hopper(const ForwardParams& p, const Policy& pol, const 
     ran = true;
     return cudaSuccess;
   }
-  auto kern = maxsim_forward_hopper_kernel<T, Shape, Policy>;
   constexpr size_t smem = HopperSmem<Shape>::bytes();
   // sm_90: 228 KB of shared memory per SM, 1 KB of it reserved per resident CTA
   static_assert(Shape::kCtasPerSm * (smem + 1024) <= 228 * 1024, "the planned CTAs per SM do not fit");
@@ -802,7 +852,7 @@ cudaError_t run_forward_hopper(const ForwardParams& p, const Policy& pol, const 
     if (err != cudaSuccess) return err;
   }
   ran = true;
-  kern<<<static_cast<unsigned>(ctas), Shape::kThreads, smem, p.stream>>>(hp, qmap, dmap, tmap);
+  kern<<<static_cast<unsigned>(ctas), Shape::kThreads, smem, p.stream>>>(hp, maps...);
   err = cudaGetLastError();
   if (partial_bytes > 0) {
     if (err == cudaSuccess) {
@@ -815,6 +865,21 @@ cudaError_t run_forward_hopper(const ForwardParams& p, const Policy& pol, const 
     if (err == cudaSuccess) err = ferr;
   }
   return err;
+}
+
+template <class T, class Shape, class Policy>
+cudaError_t run_forward_hopper(const ForwardParams& p, const Policy& pol, const EpilogueArgs& ep, bool& ran) {
+  ran = false;
+  // tmap: the documents in 32-row boxes (bounded loads' short tiles; else never read).
+  constexpr bool kBounded = Policy::kBoundedLoads;
+  CUtensorMap qmap, dmap, tmap;
+  if (!rows_map<T>(qmap, p.queries, p.q_rows, p.dim, kBounded ? kBoxRows : Shape::BM) ||
+      !rows_map<T>(dmap, p.documents, p.d_rows, p.dim, Shape::BN) ||
+      (kBounded && !rows_map<T>(tmap, p.documents, p.d_rows, p.dim, kBoxRows))) {
+    return cudaSuccess;  // not taken: the mma.sync kernels run instead
+  }
+  if (!kBounded) tmap = dmap;
+  return launch_hopper<Shape, maxsim_forward_hopper_kernel<T, Shape, Policy>>(p, pol, ep, ran, qmap, dmap, tmap);
 }
 
 }  // namespace kernel

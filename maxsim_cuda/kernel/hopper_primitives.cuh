@@ -79,6 +79,24 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
 #endif
 }
 
+// Box of `map`'s rank-1 tensor starting at element x (zeros past its end).
+__device__ __forceinline__ void tma_load_1d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int x) {
+#if MAXSIM_HAS_WGMMA
+  asm volatile(
+      "cp.async.bulk.tensor.1d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(x)
+      : "memory");
+#endif
+}
+
+// Makes this thread's shared-memory writes visible to the async proxy (wgmma operands
+// written with st.shared).
+__device__ __forceinline__ void fence_proxy_async() {
+#if MAXSIM_HAS_WGMMA
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
 // Brings a tensor map (a __grid_constant__ parameter) into the TMA unit's descriptor cache
 // ahead of its first load, which otherwise waits for that fetch.
 __device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
@@ -219,6 +237,58 @@ MAXSIM_WGMMA_STRUCT(__nv_bfloat16, "bf16", 128)
 #undef MAXSIM_WGMMA_N32
 #undef MAXSIM_WGMMA_N64
 #undef MAXSIM_WGMMA_N128
+
+// D[64 x N] (+)= A[64 x 16] * B[N x 16]^T with A in registers (four 32-bit registers of
+// 16-bit pairs in the mma.sync m16n8k16 A layout, per warp of the group: rows (warp % 4) * 16
+// + lane / 4 (+ 8), columns 2 * (lane % 4) (+ 8)) and B K-major in shared memory.
+template <class T, int N>
+struct WgmmaM64RegA;
+
+#if MAXSIM_HAS_WGMMA
+#define MAXSIM_WGMMA_RA_N32(PTX_TYPE)                                                                  \
+  asm volatile(                                                                                        \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                                      \
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32." PTX_TYPE "." PTX_TYPE " "                          \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "                       \
+      "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"                                                     \
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),        \
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),        \
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])                                      \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+#define MAXSIM_WGMMA_RA_N64(PTX_TYPE)                                                                  \
+  asm volatile(                                                                                        \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                      \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX_TYPE "." PTX_TYPE " "                          \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+      "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "                                       \
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"                                                     \
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),        \
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),        \
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),        \
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),        \
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),        \
+        "+f"(d[7][2]), "+f"(d[7][3])                                                                    \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+#else
+#define MAXSIM_WGMMA_RA_N32(PTX_TYPE) __trap();
+#define MAXSIM_WGMMA_RA_N64(PTX_TYPE) __trap();
+#endif
+
+#define MAXSIM_WGMMA_RA_STRUCT(TYPE, PTX_TYPE, N)                                                   \
+  template <>                                                                                       \
+  struct WgmmaM64RegA<TYPE, N> {                                                                    \
+    __device__ __forceinline__ static void run(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc_b, \
+                                               int accumulate) {                                    \
+      MAXSIM_WGMMA_RA_N##N(PTX_TYPE)                                                                \
+    }                                                                                               \
+  };
+MAXSIM_WGMMA_RA_STRUCT(__half, "f16", 32)
+MAXSIM_WGMMA_RA_STRUCT(__half, "f16", 64)
+MAXSIM_WGMMA_RA_STRUCT(__nv_bfloat16, "bf16", 32)
+MAXSIM_WGMMA_RA_STRUCT(__nv_bfloat16, "bf16", 64)
+#undef MAXSIM_WGMMA_RA_STRUCT
+#undef MAXSIM_WGMMA_RA_N32
+#undef MAXSIM_WGMMA_RA_N64
 
 // Never launched: its static shared memory is 0 bytes only in code built with wgmma, so
 // cudaFuncGetAttributes tells the host which code the module loaded for the device.

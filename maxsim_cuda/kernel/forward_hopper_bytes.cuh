@@ -1,0 +1,372 @@
+// The padded and packed forward on sm_90a for compressed documents (int8 / e4m3 with row
+// scales, 64 < dim <= 128): forward_hopper.cuh's producer and step walk, with the roles of the
+// operands swapped so that the document bytes never go back to shared memory as 16-bit values.
+//
+// wgmma takes its B operand from shared memory as 16-bit values only, but its A operand may
+// come from registers. So here the documents are A: per 128-row tile a consumer thread reads
+// its rows' bytes (TMA put them in the slot, 128-byte swizzled), widens them in registers
+// into A fragments, and two m64nNk16 chains (N = 32 or 64 query rows) multiply them with the
+// step's query, which is B. The accumulator is S^T: rows are document rows, columns query
+// rows, so each thread keeps a running (max, argmax) per query column over its own document
+// rows (the per-element scale first, fold_tile over its four rows of a tile), and the max over
+// a document happens once per step: quad shuffles and a four-warp merge, then the shared
+// epilogue. The slot is released as soon as its bytes and scales are in registers.
+//
+// The k permutation. A lane's A fragment holds, per k16 step s, columns 16s + 2t + {0, 1}
+// (a0, a1) and 16s + 8 + 2t + {0, 1} (a2, a3) of its rows (t = lane % 4). Reading those from
+// a byte row would take 2-byte loads; instead logical column 16s + 8h + 2t + e stands for
+// physical column 32t + 4s + 2h + e, so lane t's eight words are the row's 32 bytes
+// [32t, 32t + 32): two 16-byte shared loads a row, word s widening to (a0, a2) or (a1, a3)
+// as widen_word's (lo, hi). The query gets the same permutation: at each new query the
+// consumers copy the raw TMA block (two query buffers, so the producer loads the next one
+// while this one is scored) into the permuted, swizzled B block, 4-byte pairs at a time.
+// Columns past dim are zeros in both operands (TMA fills them), so dim <= 128 takes the same
+// eight k-steps; dim <= 64 would load an all-outside query box and stays with mma.sync.
+//
+// Exactness as for the mma.sync kernels: the values are exact in 16 bits, the products
+// accumulate in fp32 and each similarity is multiplied by its row's scale before the max.
+// Torch-free.
+#pragma once
+
+#include "doc_format.cuh"
+#include "forward_hopper.cuh"
+
+namespace maxsim_cuda {
+namespace kernel {
+
+template <int N_, int STAGES_>
+struct HopperByteShape {
+  static constexpr bool kStream = false;
+  static constexpr int kCtasPerSm = 2;
+  static constexpr int KD = 128, KB = 2;  // the query's two 64-column blocks
+  static constexpr int BM = 64;           // query block rows (hopper_blocks, the epilogue)
+  static constexpr int kQueryRows = N_;   // rows the MMAs take: Lq <= 32, or 64-row chunks
+  static constexpr int BN = 128, NT = N_ / 8;
+  static constexpr int kConsumers = 1, kStages = STAGES_;
+  static constexpr int kThreads = 128 + 32;
+  static constexpr int kProducerWarp = 4;
+  static constexpr uint32_t kRowBytes = 128;
+  static constexpr uint32_t kQueryBlockBytes = KB * BM * kRowBytes;  // a raw query buffer
+  static constexpr uint32_t kDocBytes = BN * kRowBytes;              // 128 rows of <= 128 bytes
+  static constexpr uint32_t kQueryInSlot = 0;
+  static constexpr int kDocBlocks = 1;
+  static constexpr uint32_t kScaleBytes = BN * sizeof(float);
+  static constexpr uint32_t kScaleOffset = kDocBytes;
+  static constexpr uint32_t kSlotBytes = kDocBytes + 1024;  // the scales, keeping slots 1024-aligned
+  static constexpr int kQueryBufs = 2;
+  struct ConsumerSmem {
+    alignas(1024) unsigned char qperm[KB * N_ * 128];  // the permuted query (B), 128-byte swizzled
+    float part_m[4][N_];                               // each warp's column maxima of a step
+    int part_i[4][N_];
+  };
+  static_assert(N_ == 32 || N_ == 64, "N");
+};
+
+// The raw query block (TMA layout: [2][64 rows][128 B], chunk c of row n at c ^ (n % 8)) into
+// the permuted B block ([2][N rows][128 B], same swizzle). Physical 4-byte pair P = 16t + 2s + h
+// goes to logical pair 8s + 4h + t; a thread moves one 16-byte chunk (4 pairs) at a time.
+template <int N>
+__device__ __forceinline__ void permute_query(uint32_t raw, uint32_t perm, int tid) {
+#pragma unroll
+  for (int k = tid; k < N * 16; k += 128) {
+    const int n = k / 16, c = k % 16;  // physical columns 8c .. 8c + 7 of query row n
+    const uint4 v = ld_shared_v4(raw + uint32_t((c / 8) * 64 * 128 + n * 128 + (((c % 8) ^ (n % 8)) * 16)));
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int u = 16 * (c % 4) + 8 * (i / 2) + 4 * (i % 2) + c / 4;  // logical pair
+      const int ub = u % 32;
+      const uint32_t dst = perm + uint32_t((u / 32) * N * 128 + n * 128 + (((ub / 4) ^ (n % 8)) * 16) + (ub % 4) * 4);
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(dst), "r"(w[i]) : "memory");
+    }
+  }
+}
+
+// Keeps an A register's value in place until the wgmma reading it has been waited for.
+__device__ __forceinline__ void fence_a(uint32_t (&a)[8][4]) {
+#pragma unroll
+  for (int s = 0; s < 8; ++s)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[s][i])::"memory");
+}
+
+// One 64-row half of a tile: the thread's two rows' 32 bytes each (rows r and r + 8 of the
+// half's warp block) widened into the A fragments of the eight k-steps.
+template <class T, DocFormat F>
+__device__ __forceinline__ void widen_half(const uint4 (&raw)[2][2], uint32_t (&a)[8][4]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t w[8] = {raw[h][0].x, raw[h][0].y, raw[h][0].z, raw[h][0].w,
+                           raw[h][1].x, raw[h][1].y, raw[h][1].z, raw[h][1].w};
+#pragma unroll
+    for (int s = 0; s < 8; ++s) widen_word<T, F>(w[s], a[s][h], a[s][2 + h]);
+  }
+}
+
+template <class T, int N>
+__device__ __forceinline__ void half_mma(float (&acc)[N / 8][4], const uint32_t (&a)[8][4], uint32_t perm) {
+#pragma unroll
+  for (int s = 0; s < 8; ++s) {
+    const uint64_t b = sw128_desc(perm + uint32_t((s / 4) * N * 128)) + uint64_t(((s % 4) * 32) >> 4);
+    WgmmaM64RegA<T, N>::run(acc, a[s], b, s != 0);
+  }
+}
+
+// Running (max, argmax) per query column of this thread: columns nt * 8 + 2 * (lane % 4) + e.
+template <int NT>
+struct ColumnMax {
+  float m[NT][2];
+  int idx[NT][2];
+  __device__ __forceinline__ void reset() {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        m[nt][e] = neg_inf<float>();
+        idx[nt][e] = kNoIndex;
+      }
+  }
+  // H halves' rows of this thread (acc[j] and sc[j] from half H0 + j; local rows row0 +
+  // {0, 8} + 64 * half, increasing), scaled, rows at or past `left` masked by select.
+  template <int H0, int H, bool MASK, bool INDEX>
+  __device__ __forceinline__ void fold(const float (&acc)[H][NT][4], const float (&sc)[H][2], int row0, int left,
+                                       int col_base) {
+    int col[2 * H];
+#pragma unroll
+    for (int k = 0; k < 2 * H; ++k) col[k] = (H0 + k / 2) * 64 + 8 * (k % 2);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float v[2 * H];
+#pragma unroll
+        for (int k = 0; k < 2 * H; ++k) {
+          const float x = acc[k / 2][nt][2 * (k % 2) + e] * sc[k / 2][k % 2];
+          v[k] = (MASK && row0 + col[k] >= left) ? neg_inf<float>() : x;
+        }
+        fold_tile<2 * H, INDEX>(m[nt][e], idx[nt][e], v, col, col_base);
+      }
+  }
+  template <int H0, int H, bool MASK>
+  __device__ __forceinline__ void fold(const float (&acc)[H][NT][4], const float (&sc)[H][2], int row0, int left,
+                                       int col_base, bool index) {
+    index ? fold<H0, H, MASK, true>(acc, sc, row0, left, col_base)
+          : fold<H0, H, MASK, false>(acc, sc, row0, left, col_base);
+  }
+};
+
+template <class T, DocFormat F, class Shape, class Policy>
+__device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, const HopperParams<Policy>& hp,
+                                                     StepRange range) {
+  static_assert(Policy::kStrided && Shape::kConsumers == 1, "padded and packed grids");
+  constexpr int S = Shape::kStages, BN = Shape::BN, N = Shape::kQueryRows, NT = Shape::NT;
+  const Policy& pol = hp.pol;
+  const int tid = threadIdx.x % 128, warp = uniform(tid / 32), lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+  auto& epi = sm.epi[0];
+  const WarpgroupSync sync{1};
+  const uint32_t perm = smem_addr(sm.qperm);
+  const int row0 = warp * 16 + g;  // this thread's first row of a tile (then + 8, + 64, + 72)
+  ColumnMax<NT> cm;
+  float carry = 0.f;
+  int it = 0;
+  int64_t cur_set = -1, query = 0, chunk = 0;
+  uint32_t qround = 0;
+  for (StepWalk<true> walk(range, pol.Nb); walk.more(); walk.next()) {
+    const int64_t qb = walk.set, n = walk.n;  // one 64-row block per set
+    if (qb != cur_set) {
+      cur_set = qb;
+      if (hp.nchunks > 1) {
+        query = div_nonneg(qb, hp.nchunks);
+        chunk = qb - query * hp.nchunks;
+      }
+      const int buf = static_cast<int>(qround % 2);
+      mbar_wait(smem_addr(&sm.qfull[buf]), (qround / 2) & 1);
+      ++qround;
+      // every thread is past the last step's MMAs (its epilogue's barriers), so qperm is free
+      permute_query<N>(smem_addr(sm.query[buf][0]), perm, tid);
+      mbar_arrive(smem_addr(&sm.qempty[buf]));
+      fence_proxy_async();
+      sync();
+    }
+    cm.reset();
+    TileInfo info;
+    do {
+      const int stage = it % S;
+      mbar_wait(smem_addr(&sm.full[stage]), (it / S) & 1);
+      info = sm.info[stage];
+      info.len = uniform(info.len);
+      info.tile = uniform(info.tile);
+      info.flags = uniform(info.flags);
+      const int64_t left64 = info.len - int64_t(info.tile) * BN;
+      const int left = static_cast<int>(left64 < BN ? left64 : BN);
+      if (left <= 0) {
+        mbar_arrive(smem_addr(&sm.empty[stage]));
+        ++it;
+        continue;
+      }
+      const bool two = left > 64;  // uniform: the second half has rows
+      const uint32_t slot = smem_addr(sm.slot[stage]);
+      uint4 raw[2][2][2];
+      float sc[2][2];
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        if (hh == 1 && !two) break;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = hh * 64 + row0 + 8 * h;  // r % 8 == g
+          raw[hh][h][0] = ld_shared_v4(slot + uint32_t(r * 128 + (((2 * t4) ^ g) * 16)));
+          raw[hh][h][1] = ld_shared_v4(slot + uint32_t(r * 128 + (((2 * t4 + 1) ^ g) * 16)));
+          sc[hh][h] = __uint_as_float(ld_shared_u32(slot + Shape::kScaleOffset + uint32_t(4 * r)));
+        }
+      }
+      mbar_arrive(smem_addr(&sm.empty[stage]));  // the slot's bytes and scales are in registers
+      ++it;
+      const int col_base = info.tile * BN + row0;
+      const bool index = hp.ep.with_argmax;
+      if constexpr (N == 32) {
+        // both halves' MMAs in flight, one fold over the thread's four rows
+        float acc[2][NT][4];
+        uint32_t a0[8][4], a1[8][4];
+        widen_half<T, F>(raw[0], a0);
+        fence_registers(acc[0]);
+        wgmma_fence();
+        half_mma<T, N>(acc[0], a0, perm);
+        wgmma_commit();
+        if (two) {
+          widen_half<T, F>(raw[1], a1);
+          fence_registers(acc[1]);
+          half_mma<T, N>(acc[1], a1, perm);
+          wgmma_commit();
+        }
+        wgmma_wait<0>();
+        fence_registers(acc[0]);
+        fence_a(a0);
+        if (two) {
+          fence_registers(acc[1]);
+          fence_a(a1);
+          if (left >= BN) {
+            cm.template fold<0, 2, false>(acc, sc, row0, left, col_base, index);
+          } else {
+            cm.template fold<0, 2, true>(acc, sc, row0, left, col_base, index);
+          }
+        } else {
+          const float(&sc0)[1][2] = reinterpret_cast<const float(&)[1][2]>(sc[0]);
+          cm.template fold<0, 1, true>(reinterpret_cast<const float(&)[1][NT][4]>(acc[0]), sc0, row0, left, col_base,
+                                       index);
+        }
+      } else {
+        // 64 query rows: one half at a time (both in flight need ~200 registers)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          if (hh == 1 && !two) break;
+          float acc[1][NT][4];
+          uint32_t a[8][4];
+          widen_half<T, F>(raw[hh], a);
+          fence_registers(acc[0]);
+          wgmma_fence();
+          half_mma<T, N>(acc[0], a, perm);
+          wgmma_commit();
+          wgmma_wait<0>();
+          fence_registers(acc[0]);
+          fence_a(a);
+          const float(&sch)[1][2] = reinterpret_cast<const float(&)[1][2]>(sc[hh]);
+          if (hh == 0) {
+            left >= 64 ? cm.template fold<0, 1, false>(acc, sch, row0, left, col_base, index)
+                       : cm.template fold<0, 1, true>(acc, sch, row0, left, col_base, index);
+          } else {
+            left >= BN ? cm.template fold<1, 1, false>(acc, sch, row0, left, col_base, index)
+                       : cm.template fold<1, 1, true>(acc, sch, row0, left, col_base, index);
+          }
+        }
+      }
+    } while (!(info.flags & kTileLast));
+    // The step's column maxima: over the eight lanes of a column, then over the four warps.
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        merge_shfl(cm.m[nt][e], cm.idx[nt][e], 4);
+        merge_shfl(cm.m[nt][e], cm.idx[nt][e], 8);
+        merge_shfl(cm.m[nt][e], cm.idx[nt][e], 16);
+        if (g == 0) {
+          sm.part_m[warp][nt * 8 + 2 * t4 + e] = cm.m[nt][e];
+          sm.part_i[warp][nt * 8 + 2 * t4 + e] = cm.idx[nt][e];
+        }
+      }
+    sync();
+    if (tid < 64) {
+      float m = neg_inf<float>();
+      int idx = kNoIndex;
+      if (tid < N) {
+#pragma unroll
+        for (int w = 0; w < 4; ++w) merge(m, idx, sm.part_m[w][tid], sm.part_i[w][tid]);
+      }
+      epi.red_m[tid] = m;
+      epi.red_i[tid] = idx;
+    }
+    const bool ok = (info.flags & kTileOk) != 0;
+    const int64_t qlen0 = int64_t(info.qlen);
+    if (hp.nchunks > 1) {
+      const StepDesc d = pol.step_at(query, n, ok, 0, info.len, qlen0);
+      finish_query_chunk(epi, hp, d, query, chunk, n, tid, sync);
+    } else {
+      const StepDesc d = pol.step_at(qb, n, ok, 0, info.len, qlen0);
+      finish_chunk<float, Shape::BM, 1, 128>(epi, d, 0, 1, carry, hp.ep, tid, sync);
+    }
+  }
+}
+
+template <class T, DocFormat F, class Shape, class Policy>
+__global__ void __launch_bounds__(Shape::kThreads, Shape::kCtasPerSm)
+    maxsim_forward_hopper_bytes_kernel(const HopperParams<Policy> hp, const __grid_constant__ CUtensorMap qmap,
+                                       const __grid_constant__ CUtensorMap dmap,
+                                       const __grid_constant__ CUtensorMap tmap,
+                                       const __grid_constant__ CUtensorMap smap) {
+#if MAXSIM_HAS_WGMMA
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t pad = ((smem_addr(smem_raw) + 1023u) & ~1023u) - smem_addr(smem_raw);
+  auto& sm = *reinterpret_cast<HopperSmem<Shape>*>(smem_raw + pad);
+  const StepRange range = walk_range<true>(hp.sets * hp.pol.Nb);
+  if (range.begin >= range.end) return;
+  hopper_init_barriers<Shape>(sm);
+  if (uniform(threadIdx.x / 32) == Shape::kProducerWarp) {
+    if (threadIdx.x % 32 == 0) hopper_produce<Shape>(sm, hp, range, &qmap, &dmap, &tmap, &smap);
+    return;
+  }
+  hopper_consume_bytes<T, F, Shape>(sm, hp, range);
+#endif
+}
+
+// ---- host ----
+
+// Whether this kernel takes the call: compressed documents, padded or packed, 64 < dim <= 128
+// with rows a multiple of 16 bytes (TMA strides), the tensors 16-byte aligned.
+inline bool hopper_bytes_applies(const ForwardParams& p) {
+  const bool strided = p.surface == Surface::kPadded || p.surface == Surface::kPacked;
+  return p.doc_format != DocFormat::kNative && strided && p.dim > 64 && p.dim <= 128 && p.dim % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(p.doc_scales) % 16 == 0 && hopper_call_fits(p);
+}
+
+// MAXSIM_CUDA_HOPPER_BYTES=0 keeps compressed documents on the mma.sync kernels (read per
+// call: tests and comparisons).
+inline bool hopper_bytes_wanted() {
+  const char* e = std::getenv("MAXSIM_CUDA_HOPPER_BYTES");
+  return e == nullptr || e[0] != '0';
+}
+
+template <class T, DocFormat F, class Shape, class Policy>
+cudaError_t run_forward_hopper_bytes(const ForwardParams& p, const Policy& pol, const EpilogueArgs& ep, bool& ran) {
+  ran = false;
+  CUtensorMap qmap, dmap, tmap, smap;
+  if (!rows_map<T>(qmap, p.queries, p.q_rows, p.dim, kBoxRows) ||
+      !byte_rows_map(dmap, p.documents, p.d_rows, p.dim, Shape::BN) ||
+      !byte_rows_map(tmap, p.documents, p.d_rows, p.dim, kBoxRows) ||
+      !scales_map(smap, p.doc_scales, p.d_rows, Shape::BN)) {
+    return cudaSuccess;  // not taken: the mma.sync kernels run instead
+  }
+  return launch_hopper<Shape, maxsim_forward_hopper_bytes_kernel<T, F, Shape, Policy>>(p, pol, ep, ran, qmap, dmap,
+                                                                                        tmap, smap);
+}
+
+}  // namespace kernel
+}  // namespace maxsim_cuda
