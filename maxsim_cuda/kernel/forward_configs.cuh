@@ -317,7 +317,7 @@ template <class T, DocFormat F, int SURF>
 cudaError_t try_forward_hopper_bytes(const ForwardParams& p, bool& ran) {
   ran = false;
   if constexpr (SURF == 0 || SURF == 2) {
-    if (!hopper_bytes_wanted() || !hopper_bytes_applies(p)) return cudaSuccess;
+    if (!hopper_bytes_wanted(p) || !hopper_bytes_applies(p)) return cudaSuccess;
     const ForwardParams v = hopper_view(p);
     const EpilogueArgs ep = make_args<T>(p).ep;
     auto run = [&](const auto& pol) {

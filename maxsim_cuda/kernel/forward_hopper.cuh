@@ -99,6 +99,7 @@ struct TileInfo {
   int32_t tile;      // index within the document
   int32_t flags;     // kTileOk: offsets valid; kTileLast: the document's last tile
   int32_t qlen;      // strided walks (a query per step): the query's length (policy qlen_of)
+  int32_t scale_shift;  // byte shape: where the tile's first row scale sits in the slot's scales
 };
 constexpr int32_t kTileOk = 1, kTileLast = 2;
 
@@ -402,7 +403,7 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
           (boxes > 0 ? Shape::kDocBlocks * uint32_t(boxes) * kBoxBytes : Shape::kDocBytes) + Shape::kScaleBytes;
       const uint32_t tx = !data ? 0u : (Shape::kStream ? qbytes : 0u) + dbytes;
       const TileInfo info{cur_n, cur_len, static_cast<int32_t>(t),
-                          (cur_ok ? kTileOk : 0) | (t + 1 == ntiles ? kTileLast : 0), cur_qlen};
+                          (cur_ok ? kTileOk : 0) | (t + 1 == ntiles ? kTileLast : 0), cur_qlen, drow & 3};
       for (int kc = 0; kc < nk; ++kc, ++it) {
         const int stage = it % S;
         const uint32_t full = smem_addr(&sm.full[stage]), slot = smem_addr(sm.slot[stage]);
@@ -414,7 +415,9 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
 #pragma unroll
           for (int g = 0; g < blocks; ++g) load_query(slot + g * Shape::kQueryBlockBytes, full, g, kc * 64);
         }
-        if constexpr (Shape::kScaleBytes > 0) tma_load_1d(slot + Shape::kScaleOffset, smap, full, drow);
+        // a box's first element must sit 16 bytes aligned (else the copy faults with an illegal
+        // instruction): the scales come from the row rounded down to 4, 4 more of them
+        if constexpr (Shape::kScaleBytes > 0) tma_load_1d(slot + Shape::kScaleOffset, smap, full, drow & ~3);
 #pragma unroll
         for (int kb = 0; kb < Shape::kDocBlocks; ++kb) {
           const uint32_t dst = slot + Shape::kQueryInSlot + kb * BN * kRowBytes;

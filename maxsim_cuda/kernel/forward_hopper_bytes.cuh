@@ -10,7 +10,10 @@
 // rows, so each thread keeps a running (max, argmax) per query column over its own document
 // rows (the per-element scale first, fold_tile over its four rows of a tile), and the max over
 // a document happens once per step: quad shuffles and a four-warp merge, then the shared
-// epilogue. The slot is released as soon as its bytes and scales are in registers.
+// epilogue. The slot is released as soon as its bytes and scales are in registers. A slot
+// holds the tile's bytes and its row scales, loaded from the first row rounded down to a
+// multiple of 4 (a TMA box must start 16-byte aligned: an unaligned start faults with an
+// illegal instruction), TileInfo::scale_shift saying where the first row's scale is.
 //
 // The k permutation. A lane's A fragment holds, per k16 step s, columns 16s + 2t + {0, 1}
 // (a0, a1) and 16s + 8 + 2t + {0, 1} (a2, a3) of its rows (t = lane % 4). Reading those from
@@ -50,7 +53,8 @@ struct HopperByteShape {
   static constexpr uint32_t kDocBytes = BN * kRowBytes;              // 128 rows of <= 128 bytes
   static constexpr uint32_t kQueryInSlot = 0;
   static constexpr int kDocBlocks = 1;
-  static constexpr uint32_t kScaleBytes = BN * sizeof(float);
+  static constexpr int kScaleBox = BN + 4;  // the tile's scales from its row rounded down to 4
+  static constexpr uint32_t kScaleBytes = kScaleBox * sizeof(float);
   static constexpr uint32_t kScaleOffset = kDocBytes;
   static constexpr uint32_t kSlotBytes = kDocBytes + 1024;  // the scales, keeping slots 1024-aligned
   static constexpr int kQueryBufs = 2;
@@ -197,6 +201,7 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
       info.len = uniform(info.len);
       info.tile = uniform(info.tile);
       info.flags = uniform(info.flags);
+      info.scale_shift = uniform(info.scale_shift);
       const int64_t left64 = info.len - int64_t(info.tile) * BN;
       const int left = static_cast<int>(left64 < BN ? left64 : BN);
       if (left <= 0) {
@@ -216,7 +221,7 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
           const int r = hh * 64 + row0 + 8 * h;  // r % 8 == g
           raw[hh][h][0] = ld_shared_v4(slot + uint32_t(r * 128 + (((2 * t4) ^ g) * 16)));
           raw[hh][h][1] = ld_shared_v4(slot + uint32_t(r * 128 + (((2 * t4 + 1) ^ g) * 16)));
-          sc[hh][h] = __uint_as_float(ld_shared_u32(slot + Shape::kScaleOffset + uint32_t(4 * r)));
+          sc[hh][h] = __uint_as_float(ld_shared_u32(slot + Shape::kScaleOffset + uint32_t(4 * (r + info.scale_shift))));
         }
       }
       mbar_arrive(smem_addr(&sm.empty[stage]));  // the slot's bytes and scales are in registers
@@ -235,6 +240,7 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
         if (two) {
           widen_half<T, F>(raw[1], a1);
           fence_registers(acc[1]);
+          wgmma_fence();  // a1 was written after the first fence
           half_mma<T, N>(acc[1], a1, perm);
           wgmma_commit();
         }
@@ -347,11 +353,13 @@ inline bool hopper_bytes_applies(const ForwardParams& p) {
          reinterpret_cast<uintptr_t>(p.doc_scales) % 16 == 0 && hopper_call_fits(p);
 }
 
-// MAXSIM_CUDA_HOPPER_BYTES=0 keeps compressed documents on the mma.sync kernels (read per
-// call: tests and comparisons).
-inline bool hopper_bytes_wanted() {
+// MAXSIM_CUDA_HOPPER_BYTES=0 keeps compressed documents on the mma.sync kernels, =padded
+// takes this kernel for padded calls only (read per call: tests and comparisons).
+inline bool hopper_bytes_wanted(const ForwardParams& p) {
   const char* e = std::getenv("MAXSIM_CUDA_HOPPER_BYTES");
-  return e == nullptr || e[0] != '0';
+  if (e == nullptr) return true;
+  if (e[0] == 'p') return p.surface == Surface::kPadded;
+  return e[0] != '0';
 }
 
 template <class T, DocFormat F, class Shape, class Policy>
@@ -361,7 +369,7 @@ cudaError_t run_forward_hopper_bytes(const ForwardParams& p, const Policy& pol, 
   if (!rows_map<T>(qmap, p.queries, p.q_rows, p.dim, kBoxRows) ||
       !byte_rows_map(dmap, p.documents, p.d_rows, p.dim, Shape::BN) ||
       !byte_rows_map(tmap, p.documents, p.d_rows, p.dim, kBoxRows) ||
-      !scales_map(smap, p.doc_scales, p.d_rows, Shape::BN)) {
+      !scales_map(smap, p.doc_scales, p.d_rows, Shape::kScaleBox)) {
     return cudaSuccess;  // not taken: the mma.sync kernels run instead
   }
   return launch_hopper<Shape, maxsim_forward_hopper_bytes_kernel<T, F, Shape, Policy>>(p, pol, ep, ran, qmap, dmap,

@@ -61,7 +61,7 @@ def with_formats(ms, d, call):
     calls = {"fp16": ((lambda: call(d, None)), d.numel() * 2)}
     for name, fmt in (("int8", "int8"), ("e4m3", "float8_e4m3fn")):
         v, s = ms.quantize_documents(d, fmt)
-        s = s.reshape(-1).contiguous()
+        s = s.contiguous()  # the ops want the documents' shape without its last dim
         calls[name] = ((lambda v=v, s=s: call(v, s)), v.numel() + s.numel() * 4)
     return calls
 
