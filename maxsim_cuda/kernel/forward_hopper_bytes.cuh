@@ -353,13 +353,21 @@ inline bool hopper_bytes_applies(const ForwardParams& p) {
          reinterpret_cast<uintptr_t>(p.doc_scales) % 16 == 0 && hopper_call_fits(p);
 }
 
-// MAXSIM_CUDA_HOPPER_BYTES=0 keeps compressed documents on the mma.sync kernels, =padded
-// takes this kernel for padded calls only (read per call: tests and comparisons).
+// Calls whose average document is shorter than this stay on the mma.sync kernels: every step
+// here pays a query permutation and a cross-warp epilogue, which short documents do not
+// amortise. H100, int8, GPU time this kernel / mma.sync (2026-11-24): ColPaliRerank (Ld 1030)
+// 56.4 / 63.6 us, LongDocStress (1024) 14.3 / 20.6, SingleQueryRerank (300) 22.2 / 25.0;
+// HeavyRerank (256) 64.8 / 62.5, HeavyRerankPacked (~160 on average) 62.1 / 66.1, Rerank
+// (180) 32.8 / 32.7, SmallRerank (180) 11.5 / 9.7.
+constexpr int64_t kHopperBytesMinDocRows = 300;
+
+// MAXSIM_CUDA_HOPPER_BYTES=1 takes this kernel for every call it applies to, =0 for none
+// (read per call: tests and comparisons); unset, documents of kHopperBytesMinDocRows rows on
+// average.
 inline bool hopper_bytes_wanted(const ForwardParams& p) {
   const char* e = std::getenv("MAXSIM_CUDA_HOPPER_BYTES");
-  if (e == nullptr) return true;
-  if (e[0] == 'p') return p.surface == Surface::kPadded;
-  return e[0] != '0';
+  if (e != nullptr && (e[0] == '0' || e[0] == '1')) return e[0] == '1';
+  return average_doc_rows(p) >= kHopperBytesMinDocRows;
 }
 
 template <class T, DocFormat F, class Shape, class Policy>
