@@ -84,7 +84,8 @@ class Case:
     """One call's inputs (CPU originals and CUDA copies) and its pairs for the reference:
     (pair index, query rows [qlen, D], document value rows, their scales, ok)."""
 
-    def __init__(self, surface, fmt, qdtype, dim, lq, gen, integer=False, index_dtype=torch.int64, ld=None):
+    def __init__(self, surface, fmt, qdtype, dim, lq, gen, integer=False, index_dtype=torch.int64, ld=None,
+                 nq=3, nb=5):
         self.surface, self.fmt, self.qdtype, self.dim = surface, fmt, qdtype, dim
         D = dim
         if surface == "padded":
@@ -102,11 +103,11 @@ class Case:
                     self.pairs.append((b * C + c, self.q[b, :qn], self.v[b, c, :dn], self.s[b, c, :dn], True))
             self.index = (self.ql, self.dl)
         elif surface in ("contrastive", "contrastive_padded"):
-            Nq, Nb = 3, 5
+            Nq, Nb = nq, nb
             self.q = make_queries((Nq, lq, D), qdtype, gen, integer)
             self.ql = lengths(Nq, lq, gen, 3)
             if surface == "contrastive":
-                dlen = lengths(Nb, 45, gen)
+                dlen = lengths(Nb, ld or 45, gen)
                 self.offsets = torch.cat([torch.zeros(1, dtype=torch.int64), dlen.cumsum(0)])
                 T = int(self.offsets[-1])
                 self.v = make_values((T, D), fmt, gen, integer)
@@ -114,7 +115,7 @@ class Case:
                 docs = [(int(self.offsets[n]), int(dlen[n])) for n in range(Nb)]
                 self.index = (self.offsets,)
             else:
-                Ld = 45
+                Ld = ld or 45
                 self.dl = lengths(Nb, Ld, gen)
                 self.v = make_values((Nb, Ld, D), fmt, gen, integer)
                 self.s = make_scales((Nb, Ld), gen, integer)
@@ -559,6 +560,34 @@ def test_sm90a_kernel_runs_and_matches_mma_sync(ops, monkeypatch, surface, fmt):
                 case = Case(surface, fmt, qdtype, dim, lq, gen, integer=integer, ld=ld)
                 (scores, argmax), names = kernel_names(lambda: run_case(ops, case, check_backward=False))
                 assert any("hopper_bytes" in n for n in names) == (knob == "1"), (knob, sorted(names))
+                if integer:
+                    check_forward(case, scores, argmax)
+                    got[knob] = (scores.cpu(), argmax.cpu())
+        assert torch.equal(got["1"][0], got["0"][0]) and torch.equal(got["1"][1], got["0"][1]), (qdtype, dim, lq)
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("surface", ("contrastive", "contrastive_padded"))
+def test_sm90a_widening_kernel_runs_and_matches_mma_sync(ops, monkeypatch, surface, fmt):
+    """On an H100 / H200 contrastive calls with 64 < dim <= 128 take the wgmma kernel with a
+    widening stage (MAXSIM_CUDA_HOPPER_WIDEN=0 keeps mma.sync): both paths meet the float64
+    bound, and on integer inputs they agree bit for bit, argmax included. The shapes pick two,
+    three and four consumer warpgroups, long queries (64-row chunks), and documents of several
+    tiles with a short last one."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel needs sm_90a")
+    # (query dtype, dim, Lq, Ld, Nq, Nb)
+    shapes = ((torch.float16, 128, 32, 300, 9, 7), (torch.bfloat16, 96, 70, 200, 3, 5),
+              (torch.float16, 112, 64, 129, 8, 6), (torch.bfloat16, 128, 5, 64, 2, 4))
+    for qdtype, dim, lq, ld, nq, nb in shapes:
+        got = {}
+        for knob in ("1", "0"):
+            monkeypatch.setenv("MAXSIM_CUDA_HOPPER_WIDEN", knob)
+            for integer in (False, True):
+                gen = torch.Generator().manual_seed(dim * 5 + lq + integer)
+                case = Case(surface, fmt, qdtype, dim, lq, gen, integer=integer, ld=ld, nq=nq, nb=nb)
+                (scores, argmax), names = kernel_names(lambda: run_case(ops, case, check_backward=False))
+                assert any("hopper_widen" in n for n in names) == (knob == "1"), (knob, sorted(names))
                 if integer:
                     check_forward(case, scores, argmax)
                     got[knob] = (scores.cpu(), argmax.cpu())

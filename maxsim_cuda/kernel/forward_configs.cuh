@@ -13,6 +13,7 @@
 #include "doc_format.cuh"
 #include "forward_hopper.cuh"
 #include "forward_hopper_bytes.cuh"
+#include "forward_hopper_widen.cuh"
 #include "forward_kernel.cuh"
 
 namespace maxsim_cuda {
@@ -333,12 +334,34 @@ cudaError_t try_forward_hopper_bytes(const ForwardParams& p, bool& ran) {
   return cudaSuccess;
 }
 
+// Contrastive calls with compressed documents on sm_90a: the resident kernel with a widening
+// stage (forward_hopper_widen.cuh), as many consumer warpgroups as the 16-bit kernel takes.
+// Stages (producer's ring / widened ring) fill the 227 KB of shared memory.
+template <class T, DocFormat F, int SURF>
+cudaError_t try_forward_hopper_widen(const ForwardParams& p, bool& ran) {
+  ran = false;
+  if constexpr (is_contrastive(SURF)) {
+    if (!hopper_widen_applies(p)) return cudaSuccess;
+    using Policy = std::conditional_t<SURF == 1, ContrastivePolicy, ContrastivePaddedPolicy>;
+    const Policy pol = make_contrastive<Policy>(p, 64);
+    const EpilogueArgs ep = make_args<T>(p).ep;
+    switch (hopper_consumers(p)) {
+      case 4: return run_forward_hopper_widen<T, HopperWidenShape<F, 4, 3, 3>>(p, pol, ep, ran);
+      case 3: return run_forward_hopper_widen<T, HopperWidenShape<F, 3, 3, 3>>(p, pol, ep, ran);
+      default: return run_forward_hopper_widen<T, HopperWidenShape<F, 2, 4, 3>>(p, pol, ep, ran);
+    }
+  }
+  return cudaSuccess;
+}
+
 template <class T, DocFormat F, int SURF>
 cudaError_t launch_compressed_surface(const ForwardParams& p) {
   const int bm = pick_bm(p);
   if constexpr (!std::is_same_v<T, float>) {
     bool ran = false;
-    const cudaError_t err = try_forward_hopper_bytes<T, F, SURF>(p, ran);
+    cudaError_t err = try_forward_hopper_bytes<T, F, SURF>(p, ran);
+    if (ran || err != cudaSuccess) return err;
+    err = try_forward_hopper_widen<T, F, SURF>(p, ran);
     if (ran || err != cudaSuccess) return err;
   }
   if constexpr (std::is_same_v<T, float>) {

@@ -88,6 +88,8 @@ struct HopperShape {
   static constexpr uint32_t kScaleBytes = 0;    // per slot, after the tile
   static constexpr uint32_t kScaleOffset = kSlotBytes;
   static constexpr int kQueryBufs = 1;          // resident query buffers (ring)
+  static constexpr bool kWiden = false;         // a widening stage between the rings
+  static constexpr int kEmptyArrivals = kConsumers * 128;  // arrivals that free a producer slot
   static_assert(KD % 64 == 0 && KB >= 1 && KB <= 2, "KD");
 };
 
@@ -111,7 +113,17 @@ struct HopperQueryBlocks {
 template <class Shape>
 struct HopperQueryBlocks<Shape, true> {};
 
-// The consumers' own shared memory beyond the epilogue's (empty but for the byte shape).
+// A ring of tile slots and their barriers: the producer's (TMA writes, consumers or a
+// widening stage read), and for shapes with a widening stage the widened tiles' ring.
+template <int STAGES, uint32_t SLOT_BYTES>
+struct HopperRing {
+  static constexpr int kStages = STAGES;
+  alignas(1024) unsigned char slot[STAGES][SLOT_BYTES];
+  TileInfo info[STAGES];
+  uint64_t full[STAGES], empty[STAGES];
+};
+
+// The consumers' own shared memory beyond the epilogue's (empty but for the compressed shapes).
 template <class Shape, bool = (Shape::kScaleBytes > 0)>
 struct HopperConsumerSmem {};
 template <class Shape>
@@ -119,13 +131,40 @@ struct HopperConsumerSmem<Shape, true> : Shape::ConsumerSmem {};
 
 template <class Shape>
 struct HopperSmem : HopperQueryBlocks<Shape>, HopperConsumerSmem<Shape> {
-  alignas(1024) unsigned char slot[Shape::kStages][Shape::kSlotBytes];
-  TileInfo info[Shape::kStages];
-  uint64_t full[Shape::kStages], empty[Shape::kStages], qfull[Shape::kQueryBufs], qempty[Shape::kQueryBufs];
+  HopperRing<Shape::kStages, Shape::kSlotBytes> ring;
+  uint64_t qfull[Shape::kQueryBufs], qempty[Shape::kQueryBufs];
   EpilogueSmem<float, Shape::BM, 1> epi[Shape::kConsumers];
   // + 1024: the swizzle atoms need a 1024-byte aligned base; the dynamic window promises 16.
   static constexpr size_t bytes() { return sizeof(HopperSmem) + 1024; }
 };
+
+// The ring whose tiles the consumers multiply: the producer's, or the widened one.
+template <class Shape>
+__device__ __forceinline__ auto& consumer_ring(HopperSmem<Shape>& sm) {
+  if constexpr (Shape::kWiden) {
+    return sm.wide;
+  } else {
+    return sm.ring;
+  }
+}
+
+// Waits for ring slot `it` to be full and returns its TileInfo, the fields the consumers
+// branch on made warp-uniform (ptxas then keeps the MMAs' branches uniform), and in `left`
+// the tile's rows of its document (<= 0: a slot without data).
+template <class Ring>
+__device__ __forceinline__ TileInfo next_tile(Ring& ring, int it, int bn, int& left) {
+  constexpr int S = Ring::kStages;
+  const int stage = it % S;
+  mbar_wait(smem_addr(&ring.full[stage]), (it / S) & 1);
+  TileInfo info = ring.info[stage];
+  info.len = uniform(info.len);
+  info.tile = uniform(info.tile);
+  info.flags = uniform(info.flags);
+  info.scale_shift = uniform(info.scale_shift);
+  const int64_t left64 = info.len - int64_t(info.tile) * bn;
+  left = static_cast<int>(left64 < bn ? left64 : bn);
+  return info;
+}
 
 struct WarpgroupSync {
   int id;
@@ -406,9 +445,9 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
                           (cur_ok ? kTileOk : 0) | (t + 1 == ntiles ? kTileLast : 0), cur_qlen, drow & 3};
       for (int kc = 0; kc < nk; ++kc, ++it) {
         const int stage = it % S;
-        const uint32_t full = smem_addr(&sm.full[stage]), slot = smem_addr(sm.slot[stage]);
-        mbar_wait(smem_addr(&sm.empty[stage]), ((it / S) & 1) ^ 1);
-        sm.info[stage] = info;
+        const uint32_t full = smem_addr(&sm.ring.full[stage]), slot = smem_addr(sm.ring.slot[stage]);
+        mbar_wait(smem_addr(&sm.ring.empty[stage]), ((it / S) & 1) ^ 1);
+        sm.ring.info[stage] = info;
         mbar_arrive_expect_tx(full, tx);
         if (!data) continue;
         if constexpr (Shape::kStream) {
@@ -442,13 +481,15 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
 // finish (wait_group 1), and a slot is released once its MMAs have read it.
 template <class T, class Shape, int N>
 __device__ __forceinline__ int hopper_tile_mma(HopperSmem<Shape>& sm, float (&acc)[N / 8][4], int g, int it, int nk) {
-  constexpr int S = Shape::kStages;
+  auto& ring = consumer_ring(sm);
+  constexpr int S = std::remove_reference_t<decltype(ring)>::kStages;
   using Mma = WgmmaM64<T, N>;
   fence_registers(acc);
   if constexpr (!Shape::kStream) {
     const int stage = it % S;
+    const uint32_t slot = smem_addr(ring.slot[stage]);
     const uint64_t qdesc = sw128_desc(smem_addr(sm.query[0][g]));
-    const uint64_t tdesc = sw128_desc(smem_addr(sm.slot[stage]));
+    const uint64_t tdesc = sw128_desc(slot);
     wgmma_fence();
 #pragma unroll
     for (int kb = 0; kb < Shape::KB; ++kb)
@@ -460,14 +501,20 @@ __device__ __forceinline__ int hopper_tile_mma(HopperSmem<Shape>& sm, float (&ac
       }
     wgmma_commit();
     wgmma_wait<0>();
-    mbar_arrive(smem_addr(&sm.empty[stage]));
+    if constexpr (Shape::kWiden) {
+      // widened tiles carry their row scales: applied before the slot is handed back
+      fence_registers(acc);
+      scale_columns<Shape::kFormat>(reinterpret_cast<float(&)[1][N / 8][4]>(acc), slot + Shape::kWideScaleOffset,
+                                    2 * (threadIdx.x % 4));
+    }
+    mbar_arrive(smem_addr(&ring.empty[stage]));
     ++it;
   } else {
 #pragma unroll 1
     for (int kc = 0; kc < nk; ++kc, ++it) {
       const int stage = it % S;
-      if (kc > 0) mbar_wait(smem_addr(&sm.full[stage]), (it / S) & 1);
-      const uint32_t slot = smem_addr(sm.slot[stage]);
+      if (kc > 0) mbar_wait(smem_addr(&ring.full[stage]), (it / S) & 1);
+      const uint32_t slot = smem_addr(ring.slot[stage]);
       const uint64_t qdesc = sw128_desc(slot + g * Shape::kQueryBlockBytes);
       const uint64_t tdesc = sw128_desc(slot + Shape::kQueryInSlot);
       fence_registers(acc);
@@ -477,10 +524,10 @@ __device__ __forceinline__ int hopper_tile_mma(HopperSmem<Shape>& sm, float (&ac
       wgmma_commit();
       wgmma_wait<1>();
       fence_registers(acc);
-      if (kc > 0) mbar_arrive(smem_addr(&sm.empty[(it - 1) % S]));  // the previous chunk's MMAs are done
+      if (kc > 0) mbar_arrive(smem_addr(&ring.empty[(it - 1) % S]));  // the previous chunk's MMAs are done
     }
     wgmma_wait<0>();
-    mbar_arrive(smem_addr(&sm.empty[(it - 1) % S]));
+    mbar_arrive(smem_addr(&ring.empty[(it - 1) % S]));
   }
   fence_registers(acc);
   return it;
@@ -489,7 +536,9 @@ __device__ __forceinline__ int hopper_tile_mma(HopperSmem<Shape>& sm, float (&ac
 template <class T, class Shape, class Policy>
 __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const HopperParams<Policy>& hp,
                                                StepRange range) {
-  constexpr int S = Shape::kStages, BN = Shape::BN, C = Shape::kConsumers;
+  constexpr int BN = Shape::BN, C = Shape::kConsumers;
+  auto& ring = consumer_ring(sm);
+  constexpr int S = std::remove_reference_t<decltype(ring)>::kStages;
   const Policy& pol = hp.pol;
   // Warp-uniform values go through a shuffle: ptxas then knows every branch around the
   // MMAs is uniform over the warpgroup (else it serialises them, warning C7520).
@@ -530,13 +579,8 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
     TileInfo info;
     do {
       const int stage = it % S;
-      mbar_wait(smem_addr(&sm.full[stage]), (it / S) & 1);
-      info = sm.info[stage];
-      info.len = uniform(info.len);
-      info.tile = uniform(info.tile);
-      info.flags = uniform(info.flags);
-      const int64_t left64 = info.len - int64_t(info.tile) * BN;
-      const int left = static_cast<int>(left64 < BN ? left64 : BN);
+      int left;
+      info = next_tile(ring, it, BN, left);
       const bool work = active && left > 0;
       const int nk = Shape::kStream && info.len > 0 ? hp.kchunks : 1;  // the tile's slots
       // Accumulators live from the MMAs to the fold only (the first k-step overwrites them);
@@ -562,11 +606,11 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
         it = hopper_tile_mma<T, Shape, 128>(sm, acc[0], g, it, nk);
         row_max.fold(acc, lane, 0, left, info.tile * BN, hp.ep.with_argmax);
       } else {  // nothing to compute here: pass the tile's slots on
-        mbar_arrive(smem_addr(&sm.empty[stage]));
+        mbar_arrive(smem_addr(&ring.empty[stage]));
         ++it;
         for (int kc = 1; kc < nk; ++kc, ++it) {
-          mbar_wait(smem_addr(&sm.full[it % S]), (it / S) & 1);
-          mbar_arrive(smem_addr(&sm.empty[it % S]));
+          mbar_wait(smem_addr(&ring.full[it % S]), (it / S) & 1);
+          mbar_arrive(smem_addr(&ring.empty[it % S]));
         }
       }
     } while (!(info.flags & kTileLast));
@@ -589,8 +633,14 @@ template <class Shape>
 __device__ __forceinline__ void hopper_init_barriers(HopperSmem<Shape>& sm) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < Shape::kStages; ++s) {
-      mbar_init(smem_addr(&sm.full[s]), 1);
-      mbar_init(smem_addr(&sm.empty[s]), Shape::kConsumers * 128);
+      mbar_init(smem_addr(&sm.ring.full[s]), 1);
+      mbar_init(smem_addr(&sm.ring.empty[s]), Shape::kEmptyArrivals);
+    }
+    if constexpr (Shape::kWiden) {  // filled by the widening warps, freed by the consumers
+      for (int s = 0; s < Shape::kWideStages; ++s) {
+        mbar_init(smem_addr(&sm.wide.full[s]), Shape::kWidenThreads);
+        mbar_init(smem_addr(&sm.wide.empty[s]), Shape::kConsumers * 128);
+      }
     }
     for (int b = 0; b < Shape::kQueryBufs; ++b) {
       mbar_init(smem_addr(&sm.qfull[b]), 1);

@@ -58,6 +58,8 @@ struct HopperByteShape {
   static constexpr uint32_t kScaleOffset = kDocBytes;
   static constexpr uint32_t kSlotBytes = kDocBytes + 1024;  // the scales, keeping slots 1024-aligned
   static constexpr int kQueryBufs = 2;
+  static constexpr bool kWiden = false;
+  static constexpr int kEmptyArrivals = 128;
   struct ConsumerSmem {
     alignas(1024) unsigned char qperm[KB * N_ * 128];  // the permuted query (B), 128-byte swizzled
     float part_m[4][N_];                               // each warp's column maxima of a step
@@ -196,21 +198,15 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
     TileInfo info;
     do {
       const int stage = it % S;
-      mbar_wait(smem_addr(&sm.full[stage]), (it / S) & 1);
-      info = sm.info[stage];
-      info.len = uniform(info.len);
-      info.tile = uniform(info.tile);
-      info.flags = uniform(info.flags);
-      info.scale_shift = uniform(info.scale_shift);
-      const int64_t left64 = info.len - int64_t(info.tile) * BN;
-      const int left = static_cast<int>(left64 < BN ? left64 : BN);
+      int left;
+      info = next_tile(sm.ring, it, BN, left);
       if (left <= 0) {
-        mbar_arrive(smem_addr(&sm.empty[stage]));
+        mbar_arrive(smem_addr(&sm.ring.empty[stage]));
         ++it;
         continue;
       }
       const bool two = left > 64;  // uniform: the second half has rows
-      const uint32_t slot = smem_addr(sm.slot[stage]);
+      const uint32_t slot = smem_addr(sm.ring.slot[stage]);
       uint4 raw[2][2][2];
       float sc[2][2];
 #pragma unroll
@@ -224,7 +220,7 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
           sc[hh][h] = __uint_as_float(ld_shared_u32(slot + Shape::kScaleOffset + uint32_t(4 * (r + info.scale_shift))));
         }
       }
-      mbar_arrive(smem_addr(&sm.empty[stage]));  // the slot's bytes and scales are in registers
+      mbar_arrive(smem_addr(&sm.ring.empty[stage]));  // the slot's bytes and scales are in registers
       ++it;
       const int col_base = info.tile * BN + row0;
       const bool index = hp.ep.with_argmax;

@@ -9,6 +9,7 @@ each, so "copy rate" = 2 * bytes / time).
 
 Run on the device from the repository root after a CUDA build:
   python3 tools/device/bench_compressed.py
+(BENCH_ROWS=ColBERTCorpus,ColPaliCorpus: those rows only.)
 """
 from __future__ import annotations
 
@@ -119,7 +120,11 @@ def main():
         ("LongDocStress", lambda: padded_call(kernel, ops, 8, 16, 64, 1024, 128)),
         ("RerankD512", lambda: padded_call(kernel, ops, 32, 50, 32, 180, 512)),
         ("ColBERTCorpus", lambda: contrastive_call(kernel, ops, 32, 10_000, 32, 256, 128)),
+        ("ColPaliCorpus", lambda: contrastive_call(kernel, ops, 8, 4096, 32, 1030, 128)),
     ]
+    # BENCH_ROWS=name,name,... keeps those rows only
+    keep = [w for w in os.environ.get("BENCH_ROWS", "").split(",") if w]
+    rows = [r for r in rows if not keep or r[0] in keep]
     # mma.sync ms: the same call with MAXSIM_CUDA_FORCE_MMA_SYNC=1 (the Ampere kernels)
     print(f"{'workload':<20} {'format':<6} {'ms':>8} {'x fp16':>7} {'TB/s':>6} {'mma.sync ms':>12}")
     for name, make in rows:
