@@ -36,7 +36,7 @@ struct HopperWidenShape {
   static constexpr int BM = 64, BN = 128, NT = BN / 8;
   static constexpr int kConsumers = CONSUMERS_, kStages = RAW_STAGES_, kWideStages = WIDE_STAGES_;
   static constexpr int kProducerWarp = kConsumers * 4;  // then the widening warps
-  static constexpr int kWidenThreads = 96;
+  static constexpr int kWidenThreads = 96;  // three warps
   static constexpr int kThreads = kConsumers * 128 + 32 + kWidenThreads;
   static constexpr uint32_t kRowBytes = 128;
   static constexpr uint32_t kQueryBlockBytes = KB * BM * kRowBytes;
@@ -60,13 +60,33 @@ struct HopperWidenShape {
   };
 };
 
-// The widening warps (wtid 0 .. kWidenThreads - 1): every slot of the producer's ring, in
-// order, into the widened ring. A slot without data passes its TileInfo on alone.
+// The widening warps (wtid 0 .. 95): every slot of the producer's ring, in order, into the
+// widened ring. A slot without data passes its TileInfo on alone.
+//
+// Who widens what. Chunk c (bytes 16c ..) of byte row r sits at chunk c ^ (r % 8) of the row
+// and widens to 16-bit chunks 2(c % 4) + {0, 1} of column block c / 4, each at its own
+// chunk ^ (r % 8). Eight lanes (one shared-memory wavefront) take chunks 0-3 of one row of a
+// pair and 4-7 of the other, so their loads cover both halves of the swizzle and their
+// stores land in distinct banks; 96 threads cover 12 rows a pass. 12 is 4 mod 8, so a
+// thread's swizzle phase only alternates between two values and every address is a constant
+// offset from a few registers: the tile is one unrolled run of eleven passes.
 template <class T, class Shape, class Policy>
 __device__ __forceinline__ void hopper_widen(HopperSmem<Shape>& sm, const HopperParams<Policy>& hp, StepRange range,
                                              int wtid) {
   constexpr int S = Shape::kStages, W = Shape::kWideStages, BN = Shape::BN;
-  constexpr int kChunks = BN * 8;  // 16-byte chunks of a byte tile
+  static_assert(Shape::kWidenThreads == 96 && BN == 128, "12 rows a pass, 11 passes");
+  constexpr int kPasses = 11, kPassBytes = 12 * 128;
+  const int q = wtid / 8, l = wtid % 8;
+  const int r0 = 2 * (q / 2) + l / 4, c = l ^ (4 * (q % 2));
+  const bool last_pass = r0 < 8;  // rows r0 + 120 < 128
+  uint32_t src[2], dst_lo[2], dst_hi[2];
+#pragma unroll
+  for (int p = 0; p < 2; ++p) {
+    const int x = (r0 % 8) ^ (4 * p), j = 2 * (c % 4);
+    src[p] = uint32_t(r0 * 128 + ((c ^ x) * 16));
+    dst_lo[p] = uint32_t((c / 4) * BN * 128 + r0 * 128 + ((j ^ x) * 16));
+    dst_hi[p] = uint32_t((c / 4) * BN * 128 + r0 * 128 + (((j + 1) ^ x) * 16));
+  }
   int it = 0;
   for (StepWalk<Policy::kStrided> walk(range, hp.pol.Nb); walk.more(); walk.next()) {
     TileInfo info;
@@ -78,32 +98,23 @@ __device__ __forceinline__ void hopper_widen(HopperSmem<Shape>& sm, const Hopper
       if (wtid == 0) sm.wide.info[ws] = info;
       if (info.len > 0) {  // the producer loaded the tile
         const uint32_t raw = smem_addr(sm.ring.slot[stage]), wide = smem_addr(sm.wide.slot[ws]);
-        // Chunk c of row r (bytes 16c ..) sits at chunk c ^ (r % 8) of the row; it widens to
-        // 16-bit chunks 2c, 2c + 1 of the row, i.e. chunks 2(c % 4) + {0, 1} of column block
-        // c / 4, each at its own chunk ^ (r % 8). The second block's lanes store their two
-        // chunks in the other order, so a quarter warp's stores hit eight different banks.
-#pragma unroll 2
-        for (int k = wtid; k < kChunks; k += Shape::kWidenThreads) {
-          const int r = k / 8, c = k % 8, x = r % 8;
-          const uint4 v = ld_shared_v4(raw + uint32_t(r * 128 + ((c ^ x) * 16)));
-          uint4 lo, hi;
-          widen_word<T, Shape::kFormat>(v.x, lo.x, lo.y);
-          widen_word<T, Shape::kFormat>(v.y, lo.z, lo.w);
-          widen_word<T, Shape::kFormat>(v.z, hi.x, hi.y);
-          widen_word<T, Shape::kFormat>(v.w, hi.z, hi.w);
-          const uint32_t row = wide + uint32_t((c / 4) * BN * 128 + r * 128);
-          const int j = 2 * (c % 4);
-          if (c < 4) {
-            st_shared_v4(row + uint32_t((j ^ x) * 16), lo);
-            st_shared_v4(row + uint32_t(((j + 1) ^ x) * 16), hi);
-          } else {
-            st_shared_v4(row + uint32_t(((j + 1) ^ x) * 16), hi);
-            st_shared_v4(row + uint32_t((j ^ x) * 16), lo);
+#pragma unroll
+        for (int i = 0; i < kPasses; ++i) {
+          if (i + 1 < kPasses || last_pass) {
+            const uint4 v = ld_shared_v4(raw + src[i % 2] + uint32_t(i * kPassBytes));
+            uint4 lo, hi;
+            widen_word<T, Shape::kFormat>(v.x, lo.x, lo.y);
+            widen_word<T, Shape::kFormat>(v.y, lo.z, lo.w);
+            widen_word<T, Shape::kFormat>(v.z, hi.x, hi.y);
+            widen_word<T, Shape::kFormat>(v.w, hi.z, hi.w);
+            st_shared_v4(wide + dst_lo[i % 2] + uint32_t(i * kPassBytes), lo);
+            st_shared_v4(wide + dst_hi[i % 2] + uint32_t(i * kPassBytes), hi);
           }
         }
         for (int r = wtid; r < BN; r += Shape::kWidenThreads) {
           const uint32_t s = ld_shared_u32(raw + Shape::kScaleOffset + uint32_t(4 * (r + info.scale_shift)));
-          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(wide + Shape::kWideScaleOffset + uint32_t(4 * r)), "r"(s)
+          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(wide + Shape::kWideScaleOffset + uint32_t(4 * r)),
+                       "r"(s)
                        : "memory");
         }
         fence_proxy_async();  // the MMAs read the tile through the async proxy
