@@ -788,9 +788,8 @@ inline ForwardParams hopper_view(const ForwardParams& p) {
 // padded and packed: the streamed shape at any dim. Packed needs max_q_len >= 1 (it sizes
 // the grid's blocks); a max_q_len above the query tensor's rows is left to the mma.sync
 // kernels too, since every pair would walk ceil(max_q_len / 64) chunks, most without rows.
-// Compressed documents (int8 / e4m3) stay with the mma.sync kernels for now: wgmma reads
-// its B operand from shared memory as 16-bit values, so this kernel would need a widening
-// stage between the TMA ring and the MMAs; the mma.sync kernels widen in registers.
+// The checks every sm_90a kernel shares; hopper_applies adds this kernel's own (16-bit
+// documents), forward_hopper_bytes.cuh and forward_hopper_widen.cuh theirs (compressed ones).
 inline bool hopper_call_fits(const ForwardParams& p) {
   constexpr int64_t kCoordLimit = (int64_t(1) << 31) - 256;  // TMA coordinates are int32
   const bool packed = p.surface == Surface::kPacked;
