@@ -144,27 +144,140 @@ inline int64_t doc_block_rows(int64_t dim, int64_t bytes) {
   return std::max<int64_t>(16, (bytes / 4 / std::max<int64_t>(dim, 1)) / 8 * 8);
 }
 
+// ---------------------------------------------------------------------------------
+// Document rows: where the forward and backward read them from. The documents' format is a
+// policy of this load (docs/design.md): dense values (the queries' type, or int8 / e4m3 with
+// one float32 scale per row) are widened; residual rows are decoded.
+
+template <class DT>
+struct DenseRows {
+  const DT* values;
+  const float* scales;  // compressed: one per row; else null
+  int64_t dim;
+  static constexpr bool kInPlace = std::is_same_v<DT, float>;
+  static constexpr int64_t kBlockBytes = kInPlace ? 131072 : 4096;
+  // Rows [r0, r0 + n) as floats (in place, or widened into buf) and their scales (or null).
+  const float* load(int64_t r0, int64_t n, float* buf, float* /*scale_buf*/, const float** row_scales) const {
+    *row_scales = scales ? scales + r0 : nullptr;
+    if constexpr (kInPlace) {
+      return values + r0 * dim;
+    } else {
+      widen(values + r0 * dim, buf, n * dim);
+      return buf;
+    }
+  }
+  // dst[k] += g * scale * v[k] (in that order of products); `tmp` unused.
+  template <class Acc>
+  void accumulate(int64_t row, Acc g, Acc* dst, float* /*tmp*/) const {
+    const Acc ga = scales ? g * Acc(scales[row]) : g;
+    const DT* src = values + row * dim;
+    for (int64_t k = 0; k < dim; ++k) {
+      if constexpr (std::is_same_v<DT, double>) {
+        dst[k] += ga * src[k];
+      } else {
+        dst[k] += ga * Acc(to_float(src[k]));
+      }
+    }
+  }
+};
+
+// ColBERTv2 residual rows (torch-ext/maxsim/_residual.py has the format): a row is
+// t = round(centroid[code] + bucket_weights[bucket]) (summed in float32, rounded once to the
+// queries' type), scored with the factor 1 / max(||t||, 1e-12) when normalising. A code out of
+// range decodes to a NaN row (the op has already refused it where it can read values).
+enum class Rounding { kFloat, kHalf, kBFloat16 };
+enum class CentroidType { kFloat, kHalf, kBFloat16 };
+
+inline float round_to(Rounding r, float v) {
+  switch (r) {
+    case Rounding::kHalf: return half_bits_to_float(float_to_half_bits(v));
+    case Rounding::kBFloat16: return bf16_bits_to_float(float_to_bf16_bits(v));
+    default: return v;
+  }
+}
+
+struct ResidualRows {
+  IndexView codes;
+  const uint8_t* residuals;  // [rows, dim * nbits / 8]
+  const void* centroids;     // [n_centroids, dim] of ctype
+  CentroidType ctype;
+  int64_t n_centroids;
+  float weights[16];         // bucket weights, 2**nbits of them
+  int nbits;
+  bool normalize;
+  Rounding rounding;
+  int64_t dim;
+  static constexpr bool kInPlace = false;
+  static constexpr int64_t kBlockBytes = 4096;
+
+  float centroid(int64_t c, int64_t k) const {
+    switch (ctype) {
+      case CentroidType::kHalf: return half_bits_to_float(static_cast<const uint16_t*>(centroids)[c * dim + k]);
+      case CentroidType::kBFloat16: return bf16_bits_to_float(static_cast<const uint16_t*>(centroids)[c * dim + k]);
+      default: return static_cast<const float*>(centroids)[c * dim + k];
+    }
+  }
+
+  // Row `row` into out[dim]; returns its factor.
+  float decode(int64_t row, float* out) const {
+    const int64_t c = codes[row];
+    if (c < 0 || c >= n_centroids) {
+      for (int64_t k = 0; k < dim; ++k) out[k] = std::numeric_limits<float>::quiet_NaN();
+      return std::numeric_limits<float>::quiet_NaN();
+    }
+    const uint8_t* bytes = residuals + row * (dim * nbits / 8);
+    const int per_byte = 8 / nbits;
+    const unsigned mask = (1u << nbits) - 1u;
+    double sumsq = 0.0;
+    for (int64_t k = 0; k < dim; ++k) {
+      // Dimension k's bits start at bit position k * nbits of the stream, the byte's most
+      // significant bit first; its bucket id has them lowest bit first.
+      const unsigned byte = bytes[k / per_byte];
+      const int pos = int(k % per_byte) * nbits;
+      const unsigned field = (byte >> (8 - pos - nbits)) & mask;  // stream bits in MSB-first order
+      unsigned bucket = 0;
+      for (int j = 0; j < nbits; ++j) bucket |= ((field >> (nbits - 1 - j)) & 1u) << j;
+      const float t = round_to(rounding, centroid(c, k) + weights[bucket]);
+      out[k] = t;
+      sumsq += double(t) * double(t);
+    }
+    if (!normalize) return 1.f;
+    const double norm = std::sqrt(sumsq);
+    return float(1.0 / std::max(norm, 1e-12));
+  }
+
+  const float* load(int64_t r0, int64_t n, float* buf, float* scale_buf, const float** row_scales) const {
+    for (int64_t i = 0; i < n; ++i) scale_buf[i] = decode(r0 + i, buf + i * dim);
+    *row_scales = scale_buf;
+    return buf;
+  }
+
+  template <class Acc>
+  void accumulate(int64_t row, Acc g, Acc* dst, float* tmp) const {
+    const Acc ga = g * Acc(decode(row, tmp));
+    for (int64_t k = 0; k < dim; ++k) dst[k] += ga * Acc(tmp[k]);
+  }
+};
+
 // Per-thread scratch of the float32 forward, reused across the pairs of a chunk.
 struct ForwardScratch {
-  AlignedBuffer<float> qT, best, doc, row;
+  AlignedBuffer<float> qT, best, doc, row, scale;
   AlignedBuffer<uint32_t> qT_pairs;
   AlignedBuffer<int32_t> arg;
   int64_t cached_row = -1, cached_len = -1;
 };
 
 // float32 / float16 / bfloat16 queries: float32 microkernel on widened data, or the bfloat16
-// dot-product microkernel on the raw data where the CPU has one. Documents are of the
-// queries' type (DT = T, doc_scales null) or compressed (DT int8_t / Float8E4M3, one float32
-// scale per document row in doc_scales, applied to each similarity before the max).
-template <class T, class DT, class Policy, class ParallelFor>
-void forward_f32(const Policy& pol, const T* queries, const DT* documents, const float* doc_scales,
-                 int64_t dim, float* scores, int32_t* argmax, int64_t argmax_width,
-                 ParallelFor&& parallel_for) {
+// dot-product microkernel on the raw data where the CPU has one. Rows (DenseRows or
+// ResidualRows above) gives the document rows as floats and their scales, if any, which
+// multiply each similarity before the max.
+template <class T, class Rows, class Policy, class ParallelFor>
+void forward_f32(const Policy& pol, const T* queries, const Rows& docs, int64_t dim, float* scores,
+                 int32_t* argmax, int64_t argmax_width, ParallelFor&& parallel_for) {
   bool bf16_dot = false;
-  if constexpr (std::is_same_v<T, BFloat16> && std::is_same_v<DT, T>)
+  if constexpr (std::is_same_v<T, BFloat16> && std::is_same_v<Rows, DenseRows<T>>)
     bf16_dot = dim % 2 == 0 && has_bf16_dot();
-  const bool in_place = std::is_same_v<DT, float> || bf16_dot;
-  const int64_t block = doc_block_rows(dim, in_place ? 131072 : 4096);
+  const int64_t block = doc_block_rows(dim, bf16_dot ? 131072 : Rows::kBlockBytes);
   parallel_for(int64_t(0), pol.num_pairs(), int64_t(1), [&](int64_t begin, int64_t end) {
     ForwardScratch w;
     const float inf = std::numeric_limits<float>::infinity();
@@ -206,22 +319,19 @@ void forward_f32(const Policy& pol, const T* queries, const DT* documents, const
       std::fill(arg, arg + ldq, 0);  // all similarities -inf: index 0, as torch.max
       for (int64_t j0 = 0; j0 < s.dlen; j0 += block) {
         const int64_t n = std::min(block, s.dlen - j0);
-        const DT* src = documents + (s.drow + j0) * dim;
-        if (bf16_dot) {
-          sweep_bf16({qP, ldq, ldq, kpairs, reinterpret_cast<const uint16_t*>(src), dim, n,
-                      int32_t(j0), best, arg});
-          continue;
+        if constexpr (std::is_same_v<Rows, DenseRows<T>>) {
+          if (bf16_dot) {
+            const T* src = docs.values + (s.drow + j0) * dim;
+            sweep_bf16({qP, ldq, ldq, kpairs, reinterpret_cast<const uint16_t*>(src), dim, n,
+                        int32_t(j0), best, arg});
+            continue;
+          }
         }
-        const float* rows;
-        if constexpr (std::is_same_v<DT, float>) {
-          rows = src;
-        } else {
-          float* buf = w.doc.get(std::max<int64_t>(block * dim, 1));
-          widen(src, buf, n * dim);
-          rows = buf;
-        }
-        sweep({qT, ldq, ldq, dim, rows, dim, n, int32_t(j0), best, arg,
-               doc_scales ? doc_scales + s.drow + j0 : nullptr});
+        float* buf = Rows::kInPlace ? nullptr : w.doc.get(std::max<int64_t>(block * dim, 1));
+        float* scale_buf = w.scale.get(block);
+        const float* row_scales = nullptr;
+        const float* rows = docs.load(s.drow + j0, n, buf, scale_buf, &row_scales);
+        sweep({qT, ldq, ldq, dim, rows, dim, n, int32_t(j0), best, arg, row_scales});
       }
       float total = 0.f;
       for (int64_t i = 0; i < s.qlen; ++i) total += best[i];
@@ -300,20 +410,21 @@ inline double load_acc(double v) { return v; }
 template <class T> inline T store_acc(typename AccOf<T>::type v) { return from_float<T>(v); }
 template <> inline double store_acc<double>(double v) { return v; }
 
-// Compressed documents (DT int8_t / Float8E4M3, doc_scales per row) reach grad_queries only:
-// grad_q[i] += g_p * scale[a] * v[a] (in that order of products).
-template <bool kToQuery, class T, class DT, class Policy, class Owners, class ParallelFor>
+// Compressed and residual documents (Rows other than DenseRows<T>) reach grad_queries only:
+// grad_q[i] += g_p * scale[a] * v[a] (in that order of products; Rows::accumulate).
+template <bool kToQuery, class T, class Rows, class Policy, class Owners, class ParallelFor>
 void backward_owned(const Policy& pol, const Owners& owners,
                     const typename AccOf<T>::type* grad_scores,
-                    const T* queries, const DT* documents, const float* doc_scales, int64_t dim,
+                    const T* queries, const Rows& docs, int64_t dim,
                     const int32_t* argmax, int64_t argmax_width, T* out,
                     ParallelFor&& parallel_for) {
-  static_assert(kToQuery || std::is_same_v<DT, T>, "compressed documents get no gradient");
+  static_assert(kToQuery || std::is_same_v<Rows, DenseRows<T>>, "compressed documents get no gradient");
   using Acc = typename AccOf<T>::type;
   const int64_t count = owners.count();
   const int64_t grain = owners.disjoint() ? 1 : std::max<int64_t>(count, 1);
   parallel_for(int64_t(0), count, grain, [&](int64_t begin, int64_t end) {
     std::vector<Acc> acc;
+    std::vector<float> tmp(size_t(std::max<int64_t>(dim, 1)));
     for (int64_t o = begin; o < end; ++o) {
       int64_t row0 = 0, nrows = 0;
       if (!owners.rows(o, &row0, &nrows) || nrows == 0) continue;
@@ -336,9 +447,7 @@ void backward_owned(const Policy& pol, const Owners& owners,
           if (a < 0 || a >= s.dlen) continue;  // never trust argmax for bounds
           Acc* dst = acc.data() + (kToQuery ? i : a) * dim;
           if constexpr (kToQuery) {
-            const DT* src = documents + (s.drow + a) * dim;
-            const Acc ga = doc_scales ? g * Acc(doc_scales[s.drow + a]) : g;
-            for (int64_t k = 0; k < dim; ++k) dst[k] += ga * load_acc(src[k]);
+            docs.accumulate(s.drow + a, g, dst, tmp.data());
           } else {
             const T* src = queries + (s.qrow + i) * dim;
             for (int64_t k = 0; k < dim; ++k) dst[k] += g * load_acc(src[k]);

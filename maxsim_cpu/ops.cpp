@@ -21,6 +21,8 @@ struct AtParallelFor {
   }
 };
 
+using maxsim_storage::DocumentStorage;
+
 bool is_compressed(at::ScalarType s) { return s == at::kChar || s == at::kFloat8_e4m3fn; }
 
 void check_data(const at::Tensor& t, const char* name, int64_t dim) {
@@ -31,7 +33,7 @@ void check_data(const at::Tensor& t, const char* name, int64_t dim) {
   TORCH_CHECK(t.dim() == dim, "maxsim_cpu: ", name, " must have ", std::to_string(dim), " dimensions");
   const auto s = t.scalar_type();
   TORCH_CHECK(s == at::kFloat || s == at::kHalf || s == at::kBFloat16 || s == at::kDouble ||
-                  (is_compressed(s) && std::strcmp(name, "documents") == 0),
+                  ((is_compressed(s) || s == at::kByte) && std::strcmp(name, "documents") == 0),
               "maxsim_cpu: ", name, " must be float32, float16, bfloat16 or float64");
 }
 
@@ -39,6 +41,7 @@ void check_data(const at::Tensor& t, const char* name, int64_t dim) {
 // documents. The kernels index them by document row, so their count must be the rows'.
 const float* document_scales_of(const at::Tensor& queries, const at::Tensor& documents,
                                 const std::optional<at::Tensor>& scales) {
+  if (documents.scalar_type() == at::kByte) return nullptr;  // residuals: ResidualRows
   const bool compressed = is_compressed(documents.scalar_type());
   TORCH_CHECK(compressed == scales.has_value(),
               compressed ? "maxsim_cpu: int8 / float8 documents need document_scales"
@@ -65,9 +68,47 @@ IndexView index_view(const at::Tensor& t, const char* name, int64_t numel) {
 }
 
 void check_pair(const at::Tensor& q, const at::Tensor& d) {
+  if (d.scalar_type() == at::kByte) return;  // residuals: residual_rows checks them
   TORCH_CHECK(q.scalar_type() == d.scalar_type() || is_compressed(d.scalar_type()),
               "maxsim_cpu: queries and documents dtypes differ");
   TORCH_CHECK(q.size(-1) == d.size(-1), "maxsim_cpu: queries and documents embedding dims differ");
+}
+
+// Residual documents (uint8 packed bucket ids) as the kernels read them. The checks the
+// kernels rely on are repeated here (the op's checks.h ran first with the user-facing ones).
+ResidualRows residual_rows(const at::Tensor& queries, const at::Tensor& documents, const DocumentStorage& st) {
+  TORCH_CHECK(st.codes.has_value() && st.centroids.has_value() && st.bucket_weights.has_value(),
+              "maxsim_cpu: residual documents need codes, centroids and bucket weights");
+  TORCH_CHECK(!st.scales.has_value(), "maxsim_cpu: document_scales given with residual documents");
+  const at::Tensor& cents = *st.centroids;
+  const at::Tensor weights = st.bucket_weights->to(at::kFloat).contiguous();
+  const int64_t nw = weights.numel();
+  TORCH_CHECK(nw == 2 || nw == 4 || nw == 16, "maxsim_cpu: bucket_weights must have 2, 4 or 16 entries");
+  const int nbits = nw == 2 ? 1 : nw == 4 ? 2 : 4;
+  const int64_t dim = queries.size(-1);
+  TORCH_CHECK(cents.device().is_cpu() && cents.is_contiguous() && cents.dim() == 2 && cents.size(1) == dim &&
+                  dim % (8 * nbits) == 0,
+              "maxsim_cpu: centroids must be contiguous CPU [n_centroids, D] with D a multiple of 8 * nbits");
+  TORCH_CHECK(documents.size(-1) == dim * nbits / 8, "maxsim_cpu: residual documents must have D * nbits / 8 bytes");
+  const int64_t rows = c10::multiply_integers(documents.sizes().slice(0, documents.dim() - 1));
+  ResidualRows r{};
+  r.codes = index_view(*st.codes, "document_codes", rows);
+  r.residuals = documents.data_ptr<uint8_t>();
+  r.centroids = cents.data_ptr();
+  const auto cs = cents.scalar_type();
+  TORCH_CHECK(cs == at::kFloat || cs == at::kHalf || cs == at::kBFloat16,
+              "maxsim_cpu: centroids must be float32, float16 or bfloat16");
+  r.ctype = cs == at::kHalf ? CentroidType::kHalf : cs == at::kBFloat16 ? CentroidType::kBFloat16 : CentroidType::kFloat;
+  r.n_centroids = cents.size(0);
+  const float* w = weights.data_ptr<float>();
+  for (int64_t i = 0; i < 16; ++i) r.weights[i] = i < nw ? w[i] : 0.f;
+  r.nbits = nbits;
+  r.normalize = st.normalize;
+  const auto qs = queries.scalar_type();
+  TORCH_CHECK(qs != at::kDouble, "maxsim_cpu: residual documents pair with float16, bfloat16 or float32 queries");
+  r.rounding = qs == at::kHalf ? Rounding::kHalf : qs == at::kBFloat16 ? Rounding::kBFloat16 : Rounding::kFloat;
+  r.dim = dim;
+  return r;
 }
 
 // Calls fn(T*) with the kernel storage type of t's dtype.
@@ -98,6 +139,7 @@ template <class Fn> void dispatch_pair(const at::Tensor& queries, const at::Tens
     switch (documents.scalar_type()) {
       case at::kChar: if constexpr (!std::is_same_v<T, double>) fn(tag, int8_t{}); break;
       case at::kFloat8_e4m3fn: if constexpr (!std::is_same_v<T, double>) fn(tag, Float8E4M3{}); break;
+      case at::kByte: if constexpr (!std::is_same_v<T, double>) fn(tag, ResidualRows{}); break;
       default: fn(tag, tag);
     }
   });
@@ -106,10 +148,10 @@ template <class Fn> void dispatch_pair(const at::Tensor& queries, const at::Tens
 template <class Policy>
 std::tuple<at::Tensor, at::Tensor> run_forward(const Policy& pol, const at::Tensor& queries,
                                                const at::Tensor& documents,
-                                               const std::optional<at::Tensor>& document_scales,
+                                               const DocumentStorage& storage,
                                                at::IntArrayRef score_shape, int64_t argmax_width,
                                                bool with_argmax) {
-  const float* scales = document_scales_of(queries, documents, document_scales);
+  const float* scales = document_scales_of(queries, documents, storage.scales);
   const auto i32 = queries.options().dtype(at::kInt);
   at::Tensor scores = at::empty(score_shape, queries.options().dtype(score_dtype(queries)));
   std::vector<int64_t> arg_shape(score_shape.begin(), score_shape.end());
@@ -121,12 +163,16 @@ std::tuple<at::Tensor, at::Tensor> run_forward(const Policy& pol, const at::Tens
   dispatch_pair(queries, documents, [&](auto tag, auto dtag) {
     using T = decltype(tag);
     using DT = decltype(dtag);
-    if constexpr (std::is_same_v<T, double>)
+    if constexpr (std::is_same_v<T, double>) {
       forward_f64(pol, ptr<T>(queries), ptr<T>(documents), dim, scores.data_ptr<double>(), a,
                   argmax_width, AtParallelFor{});
-    else
-      forward_f32<T>(pol, ptr<T>(queries), ptr<DT>(documents), scales, dim,
+    } else if constexpr (std::is_same_v<DT, ResidualRows>) {
+      forward_f32<T>(pol, ptr<T>(queries), residual_rows(queries, documents, storage), dim,
                      scores.data_ptr<float>(), a, argmax_width, AtParallelFor{});
+    } else {
+      forward_f32<T>(pol, ptr<T>(queries), DenseRows<DT>{ptr<DT>(documents), scales, dim}, dim,
+                     scores.data_ptr<float>(), a, argmax_width, AtParallelFor{});
+    }
   });
   return {scores, argmax};
 }
@@ -137,9 +183,9 @@ std::tuple<at::Tensor, at::Tensor> run_backward(const Policy& pol, const at::Ten
                                                 const at::Tensor& queries, const at::Tensor& documents,
                                                 const at::Tensor& argmax, const QOwners& qowners,
                                                 const DOwners& downers, bool need_q, bool need_d,
-                                                const std::optional<at::Tensor>& document_scales) {
-  const float* scales = document_scales_of(queries, documents, document_scales);
-  TORCH_CHECK(!(need_d && scales), "maxsim_cpu: compressed documents get no gradient");
+                                                const DocumentStorage& storage) {
+  const float* scales = document_scales_of(queries, documents, storage.scales);
+  TORCH_CHECK(!(need_d && (scales || storage.residual())), "maxsim_cpu: compressed documents get no gradient");
   const int64_t P = pol.num_pairs();
   TORCH_CHECK(grad_scores.device().is_cpu() && grad_scores.is_contiguous() &&
                   grad_scores.scalar_type() == score_dtype(queries) && grad_scores.numel() == P,
@@ -164,13 +210,19 @@ std::tuple<at::Tensor, at::Tensor> run_backward(const Policy& pol, const at::Ten
     using T = decltype(tag);
     using DT = decltype(dtag);
     const auto* g = grad_scores.data_ptr<typename AccOf<T>::type>();
-    if (need_q)
-      backward_owned<true>(pol, qowners, g, ptr<T>(queries), ptr<DT>(documents), scales, dim, a,
-                           width, mut_ptr<T>(gq), AtParallelFor{});
+    if (need_q) {
+      if constexpr (std::is_same_v<DT, ResidualRows>) {
+        backward_owned<true>(pol, qowners, g, ptr<T>(queries), residual_rows(queries, documents, storage), dim, a,
+                             width, mut_ptr<T>(gq), AtParallelFor{});
+      } else {
+        backward_owned<true>(pol, qowners, g, ptr<T>(queries), DenseRows<DT>{ptr<DT>(documents), scales, dim}, dim,
+                             a, width, mut_ptr<T>(gq), AtParallelFor{});
+      }
+    }
     if constexpr (std::is_same_v<DT, T>) {
       if (need_d)
-        backward_owned<false>(pol, downers, g, ptr<T>(queries), ptr<T>(documents), nullptr, dim, a,
-                              width, mut_ptr<T>(gd), AtParallelFor{});
+        backward_owned<false>(pol, downers, g, ptr<T>(queries), DenseRows<T>{ptr<T>(documents), nullptr, dim}, dim,
+                              a, width, mut_ptr<T>(gd), AtParallelFor{});
     }
   });
   return {gq, gd};
@@ -235,37 +287,37 @@ std::tuple<at::Tensor, at::Tensor> padded_forward(const at::Tensor& queries,
                                                   const at::Tensor& documents,
                                                   const at::Tensor& query_lengths,
                                                   const at::Tensor& doc_lengths, bool with_argmax,
-                                                  const std::optional<at::Tensor>& document_scales) {
+                                                  const DocumentStorage& storage) {
   const PaddedPolicy pol = padded_policy(queries, documents, query_lengths, doc_lengths);
-  return run_forward(pol, queries, documents, document_scales, {pol.B, pol.C}, pol.Lq, with_argmax);
+  return run_forward(pol, queries, documents, storage, {pol.B, pol.C}, pol.Lq, with_argmax);
 }
 
 std::tuple<at::Tensor, at::Tensor> contrastive_forward(
     const at::Tensor& queries, const at::Tensor& documents, const at::Tensor& document_offsets,
     const std::optional<at::Tensor>& query_lengths, bool with_argmax,
-    const std::optional<at::Tensor>& document_scales) {
+    const DocumentStorage& storage) {
   const ContrastivePolicy pol = contrastive_policy(queries, documents, document_offsets, query_lengths);
-  return run_forward(pol, queries, documents, document_scales, {pol.Nq, pol.Nb}, pol.Lq, with_argmax);
+  return run_forward(pol, queries, documents, storage, {pol.Nq, pol.Nb}, pol.Lq, with_argmax);
 }
 
 std::tuple<at::Tensor, at::Tensor> contrastive_padded_forward(
     const at::Tensor& queries, const at::Tensor& documents, const at::Tensor& document_lengths,
     const std::optional<at::Tensor>& query_lengths, bool with_argmax,
-    const std::optional<at::Tensor>& document_scales) {
+    const DocumentStorage& storage) {
   const ContrastivePaddedPolicy pol =
       contrastive_padded_policy(queries, documents, document_lengths, query_lengths);
-  return run_forward(pol, queries, documents, document_scales, {pol.Nq, pol.Nb}, pol.Lq, with_argmax);
+  return run_forward(pol, queries, documents, storage, {pol.Nq, pol.Nb}, pol.Lq, with_argmax);
 }
 
 std::tuple<at::Tensor, at::Tensor> packed_forward(
     const at::Tensor& queries, const at::Tensor& query_offsets, const at::Tensor& documents,
     const at::Tensor& document_offsets, const at::Tensor& pair_query_ids,
     const at::Tensor& pair_document_ids, int64_t max_q_len, bool with_argmax,
-    const std::optional<at::Tensor>& document_scales) {
+    const DocumentStorage& storage) {
   const PackedPolicy pol = packed_policy(queries, query_offsets, documents, document_offsets,
                                          pair_query_ids, pair_document_ids);
   TORCH_CHECK(max_q_len >= 0, "maxsim_cpu: max_q_len must be >= 0");
-  return run_forward(pol, queries, documents, document_scales, {pol.num_pairs()}, max_q_len,
+  return run_forward(pol, queries, documents, storage, {pol.num_pairs()}, max_q_len,
                      with_argmax);
 }
 
@@ -273,41 +325,41 @@ std::tuple<at::Tensor, at::Tensor> padded_backward(
     const at::Tensor& grad_scores, const at::Tensor& queries, const at::Tensor& documents,
     const at::Tensor& query_lengths, const at::Tensor& doc_lengths, const at::Tensor& argmax,
     bool need_grad_queries, bool need_grad_documents,
-    const std::optional<at::Tensor>& document_scales) {
+    const DocumentStorage& storage) {
   const PaddedPolicy pol = padded_policy(queries, documents, query_lengths, doc_lengths);
   // Query b owns pairs b*C + c; document (b, c) owns its single pair.
   const StridedOwners qo{pol.B, pol.Lq, pol.C, pol.C, 1};
   const StridedOwners dow{pol.B * pol.C, pol.Ld, 1, 1, 0};
   return run_backward(pol, grad_scores, queries, documents, argmax, qo, dow, need_grad_queries,
-                      need_grad_documents, document_scales);
+                      need_grad_documents, storage);
 }
 
 std::tuple<at::Tensor, at::Tensor> contrastive_backward(
     const at::Tensor& grad_scores, const at::Tensor& queries, const at::Tensor& documents,
     const at::Tensor& document_offsets, const std::optional<at::Tensor>& query_lengths,
     const at::Tensor& argmax, bool need_grad_queries, bool need_grad_documents,
-    const std::optional<at::Tensor>& document_scales) {
+    const DocumentStorage& storage) {
   const ContrastivePolicy pol = contrastive_policy(queries, documents, document_offsets, query_lengths);
   // Query q owns pairs q*Nb + n; document n owns pairs q*Nb + n over q.
   const StridedOwners qo{pol.Nq, pol.Lq, pol.Nb, pol.Nb, 1};
   const IndexView& offsets = pol.documents.offsets;
   const OffsetOwnersStrided dow{offsets, pol.documents.T, pol.Nq, pol.Nb, offsets_monotone(offsets)};
   return run_backward(pol, grad_scores, queries, documents, argmax, qo, dow, need_grad_queries,
-                      need_grad_documents, document_scales);
+                      need_grad_documents, storage);
 }
 
 std::tuple<at::Tensor, at::Tensor> contrastive_padded_backward(
     const at::Tensor& grad_scores, const at::Tensor& queries, const at::Tensor& documents,
     const at::Tensor& document_lengths, const std::optional<at::Tensor>& query_lengths,
     const at::Tensor& argmax, bool need_grad_queries, bool need_grad_documents,
-    const std::optional<at::Tensor>& document_scales) {
+    const DocumentStorage& storage) {
   const ContrastivePaddedPolicy pol =
       contrastive_padded_policy(queries, documents, document_lengths, query_lengths);
   // Query q owns pairs q*Nb + n; document n owns rows [n*Ld, (n+1)*Ld) and pairs q*Nb + n.
   const StridedOwners qo{pol.Nq, pol.Lq, pol.Nb, pol.Nb, 1};
   const StridedOwners dow{pol.Nb, pol.documents.Ld, pol.Nq, 1, pol.Nb};
   return run_backward(pol, grad_scores, queries, documents, argmax, qo, dow, need_grad_queries,
-                      need_grad_documents, document_scales);
+                      need_grad_documents, storage);
 }
 
 std::tuple<at::Tensor, at::Tensor> packed_backward(
@@ -317,7 +369,7 @@ std::tuple<at::Tensor, at::Tensor> packed_backward(
     const at::Tensor& pairs_by_query, const at::Tensor& query_pair_offsets,
     const at::Tensor& pairs_by_document, const at::Tensor& document_pair_offsets,
     bool need_grad_queries, bool need_grad_documents,
-    const std::optional<at::Tensor>& document_scales) {
+    const DocumentStorage& storage) {
   const PackedPolicy pol = packed_policy(queries, query_offsets, documents, document_offsets,
                                          pair_query_ids, pair_document_ids);
   const int64_t P = pol.num_pairs();
@@ -331,7 +383,7 @@ std::tuple<at::Tensor, at::Tensor> packed_backward(
                                     pol.document_offsets.size),
                          pol.pair_document_ids, offsets_monotone(pol.document_offsets)};
   return run_backward(pol, grad_scores, queries, documents, argmax, qo, dow, need_grad_queries,
-                      need_grad_documents, document_scales);
+                      need_grad_documents, storage);
 }
 
 }  // namespace maxsim_cpu

@@ -16,6 +16,14 @@
 namespace maxsim_cuda {
 namespace {
 
+// How the documents are stored (torch_binding.h): this backend scores float and int8 / float8
+// documents; ColBERTv2 residuals are scored by the CPU backend only so far.
+const std::optional<at::Tensor>& dense_storage(const maxsim_storage::DocumentStorage& storage) {
+  TORCH_CHECK_NOT_IMPLEMENTED(!storage.residual(), "maxsim: residual (ColBERTv2) documents are not supported on "
+                              "this device yet; score them on the CPU");
+  return storage.scales;
+}
+
 DType dtype_of(const at::Tensor& t) {
   switch (t.scalar_type()) {
     case at::kHalf: return DType::kF16;
@@ -285,7 +293,8 @@ Params with_problem(const Problem& problem) {
 std::tuple<at::Tensor, at::Tensor> padded_forward(const at::Tensor& queries, const at::Tensor& documents,
                                                   const at::Tensor& query_lengths, const at::Tensor& doc_lengths,
                                                   bool with_argmax,
-    const std::optional<at::Tensor>& document_scales) {
+    const maxsim_storage::DocumentStorage& storage) {
+  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<ForwardParams>(
       padded_problem(queries, documents, query_lengths, doc_lengths, document_scales));
@@ -297,7 +306,8 @@ std::tuple<at::Tensor, at::Tensor> contrastive_forward(const at::Tensor& queries
                                                        const at::Tensor& document_offsets,
                                                        const std::optional<at::Tensor>& query_lengths,
                                                        bool with_argmax,
-    const std::optional<at::Tensor>& document_scales) {
+    const maxsim_storage::DocumentStorage& storage) {
+  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<ForwardParams>(
       contrastive_problem(queries, documents, document_offsets, query_lengths, document_scales));
@@ -310,7 +320,8 @@ std::tuple<at::Tensor, at::Tensor> contrastive_padded_forward(const at::Tensor& 
                                                               const at::Tensor& document_lengths,
                                                               const std::optional<at::Tensor>& query_lengths,
                                                               bool with_argmax,
-    const std::optional<at::Tensor>& document_scales) {
+    const maxsim_storage::DocumentStorage& storage) {
+  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<ForwardParams>(
       contrastive_padded_problem(queries, documents, document_lengths, query_lengths, document_scales));
@@ -323,7 +334,8 @@ std::tuple<at::Tensor, at::Tensor> packed_forward(const at::Tensor& queries, con
                                                   const at::Tensor& pair_query_ids,
                                                   const at::Tensor& pair_document_ids, int64_t max_q_len,
                                                   bool with_argmax,
-    const std::optional<at::Tensor>& document_scales) {
+    const maxsim_storage::DocumentStorage& storage) {
+  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
   TORCH_CHECK(max_q_len >= 0, "maxsim: max_q_len must be >= 0");
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<ForwardParams>(
@@ -341,7 +353,8 @@ std::tuple<at::Tensor, at::Tensor> padded_backward(const at::Tensor& grad_scores
                                                    const at::Tensor& documents, const at::Tensor& query_lengths,
                                                    const at::Tensor& doc_lengths, const at::Tensor& argmax,
                                                    bool need_grad_queries, bool need_grad_documents,
-    const std::optional<at::Tensor>& document_scales) {
+    const maxsim_storage::DocumentStorage& storage) {
+  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
   check_no_document_gradient(document_scales, need_grad_documents);
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<BackwardParams>(
@@ -356,7 +369,8 @@ std::tuple<at::Tensor, at::Tensor> contrastive_backward(const at::Tensor& grad_s
                                                         const std::optional<at::Tensor>& query_lengths,
                                                         const at::Tensor& argmax, bool need_grad_queries,
                                                         bool need_grad_documents,
-    const std::optional<at::Tensor>& document_scales) {
+    const maxsim_storage::DocumentStorage& storage) {
+  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
   check_no_document_gradient(document_scales, need_grad_documents);
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<BackwardParams>(
@@ -370,7 +384,8 @@ std::tuple<at::Tensor, at::Tensor> contrastive_padded_backward(
     const at::Tensor& grad_scores, const at::Tensor& queries, const at::Tensor& documents,
     const at::Tensor& document_lengths, const std::optional<at::Tensor>& query_lengths,
     const at::Tensor& argmax, bool need_grad_queries, bool need_grad_documents,
-    const std::optional<at::Tensor>& document_scales) {
+    const maxsim_storage::DocumentStorage& storage) {
+  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
   check_no_document_gradient(document_scales, need_grad_documents);
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<BackwardParams>(
@@ -385,7 +400,8 @@ std::tuple<at::Tensor, at::Tensor> packed_backward(
     const at::Tensor& pair_document_ids, const at::Tensor& argmax, const at::Tensor& pairs_by_query,
     const at::Tensor& query_pair_offsets, const at::Tensor& pairs_by_document,
     const at::Tensor& document_pair_offsets, bool need_grad_queries, bool need_grad_documents,
-    const std::optional<at::Tensor>& document_scales) {
+    const maxsim_storage::DocumentStorage& storage) {
+  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
   check_no_document_gradient(document_scales, need_grad_documents);
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<BackwardParams>(

@@ -32,6 +32,14 @@
 namespace maxsim_metal {
 namespace {
 
+// How the documents are stored (torch_binding.h): this backend scores float and int8 / float8
+// documents; ColBERTv2 residuals are scored by the CPU backend only so far.
+const std::optional<at::Tensor>& dense_storage(const maxsim_storage::DocumentStorage& storage) {
+  TORCH_CHECK_NOT_IMPLEMENTED(!storage.residual(), "maxsim_metal: residual (ColBERTv2) documents are not supported on "
+                              "this device yet; score them on the CPU");
+  return storage.scales;
+}
+
 id<MTLComputePipelineState> pipeline(const std::string& name) {
   static std::mutex mu;
   static std::unordered_map<std::string, id<MTLComputePipelineState>> cache;
@@ -180,7 +188,8 @@ at::Tensor none_like(const at::Tensor& t) { return at::empty({0}, t.options()); 
 std::tuple<at::Tensor, at::Tensor> padded_forward(const at::Tensor& queries, const at::Tensor& documents,
                                                   const at::Tensor& query_lengths,
                                                   const at::Tensor& doc_lengths, bool with_argmax,
-    const std::optional<at::Tensor>& document_scales) {
+    const maxsim_storage::DocumentStorage& storage) {
+  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
   const MaxsimParams p = padded_params(queries.size(0), documents.size(1), queries.size(1), documents.size(2),
                                        queries.size(2), index_arg(query_lengths), index_arg(doc_lengths),
                                        with_argmax);
@@ -192,7 +201,8 @@ std::tuple<at::Tensor, at::Tensor> contrastive_forward(const at::Tensor& queries
                                                        const at::Tensor& document_offsets,
                                                        const std::optional<at::Tensor>& query_lengths,
                                                        bool with_argmax,
-    const std::optional<at::Tensor>& document_scales) {
+    const maxsim_storage::DocumentStorage& storage) {
+  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
   const MaxsimParams p = contrastive_params(queries.size(0), queries.size(1), documents.size(0), queries.size(2),
                                             index_arg(document_offsets), index_arg(query_lengths), with_argmax);
   return forward(kMaxsimContrastive, p, queries, documents, document_scales, &document_offsets,
@@ -204,7 +214,8 @@ std::tuple<at::Tensor, at::Tensor> contrastive_padded_forward(const at::Tensor& 
                                                               const at::Tensor& document_lengths,
                                                               const std::optional<at::Tensor>& query_lengths,
                                                               bool with_argmax,
-    const std::optional<at::Tensor>& document_scales) {
+    const maxsim_storage::DocumentStorage& storage) {
+  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
   const MaxsimParams p = contrastive_padded_params(queries.size(0), queries.size(1), documents.size(0),
                                                    documents.size(1), queries.size(2), index_arg(document_lengths),
                                                    index_arg(query_lengths), with_argmax);
@@ -217,7 +228,8 @@ std::tuple<at::Tensor, at::Tensor> packed_forward(const at::Tensor& queries, con
                                                   const at::Tensor& pair_query_ids,
                                                   const at::Tensor& pair_document_ids, int64_t max_q_len,
                                                   bool with_argmax,
-    const std::optional<at::Tensor>& document_scales) {
+    const maxsim_storage::DocumentStorage& storage) {
+  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
   const MaxsimParams p = packed_params(queries.size(0), documents.size(0), queries.size(1),
                                        index_arg(query_offsets), index_arg(document_offsets),
                                        index_arg(pair_query_ids), index_arg(pair_document_ids), max_q_len,
@@ -230,7 +242,8 @@ std::tuple<at::Tensor, at::Tensor> padded_backward(const at::Tensor& grad_scores
                                                    const at::Tensor& documents, const at::Tensor& query_lengths,
                                                    const at::Tensor& doc_lengths, const at::Tensor& argmax,
                                                    bool need_grad_queries, bool need_grad_documents,
-    const std::optional<at::Tensor>& document_scales) {
+    const maxsim_storage::DocumentStorage& storage) {
+  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
   const MaxsimParams p = padded_params(queries.size(0), documents.size(1), queries.size(1), documents.size(2),
                                        queries.size(2), index_arg(query_lengths), index_arg(doc_lengths), true);
   auto grad = [&](bool to_query) {
@@ -247,7 +260,8 @@ std::tuple<at::Tensor, at::Tensor> contrastive_backward(const at::Tensor& grad_s
                                                         const std::optional<at::Tensor>& query_lengths,
                                                         const at::Tensor& argmax, bool need_grad_queries,
                                                         bool need_grad_documents,
-    const std::optional<at::Tensor>& document_scales) {
+    const maxsim_storage::DocumentStorage& storage) {
+  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
   const MaxsimParams p = contrastive_params(queries.size(0), queries.size(1), documents.size(0), queries.size(2),
                                             index_arg(document_offsets), index_arg(query_lengths), true);
   auto grad = [&](bool to_query) {
@@ -266,7 +280,8 @@ std::tuple<at::Tensor, at::Tensor> contrastive_padded_backward(const at::Tensor&
                                                                const std::optional<at::Tensor>& query_lengths,
                                                                const at::Tensor& argmax, bool need_grad_queries,
                                                                bool need_grad_documents,
-    const std::optional<at::Tensor>& document_scales) {
+    const maxsim_storage::DocumentStorage& storage) {
+  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
   const MaxsimParams p = contrastive_padded_params(queries.size(0), queries.size(1), documents.size(0),
                                                    documents.size(1), queries.size(2), index_arg(document_lengths),
                                                    index_arg(query_lengths), true);
@@ -285,7 +300,8 @@ std::tuple<at::Tensor, at::Tensor> packed_backward(
     const at::Tensor& pair_document_ids, const at::Tensor& argmax, const at::Tensor& pairs_by_query,
     const at::Tensor& query_pair_offsets, const at::Tensor& pairs_by_document,
     const at::Tensor& document_pair_offsets, bool need_grad_queries, bool need_grad_documents,
-    const std::optional<at::Tensor>& document_scales) {
+    const maxsim_storage::DocumentStorage& storage) {
+  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
   const MaxsimParams p = packed_params(queries.size(0), documents.size(0), queries.size(1),
                                        index_arg(query_offsets), index_arg(document_offsets),
                                        index_arg(pair_query_ids), index_arg(pair_document_ids), argmax.size(-1),

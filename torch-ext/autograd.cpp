@@ -12,6 +12,7 @@
 
 #include <optional>
 #include <tuple>
+#include <vector>
 
 #include "registration.h"
 
@@ -37,18 +38,35 @@ c10::TypedOperatorHandle<Signature> op_handle(const char* name) {
 }
 
 using Scales = std::optional<Tensor>;
-using PaddedFwd = Pair(const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, const Scales&);
+// The schema's trailing storage arguments: document_scales, document_codes, centroids,
+// bucket_weights, normalize (torch_binding.cpp).
+#define STORAGE_T const Scales&, const Scales&, const Scales&, const Scales&, bool
+using PaddedFwd = Pair(const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, STORAGE_T);
 using PaddedBwd = Pair(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                       bool, bool, const Scales&);
+                       bool, bool, STORAGE_T);
 using ContrastiveFwd = Pair(const Tensor&, const Tensor&, const Tensor&, const std::optional<Tensor>&, bool,
-                            const Scales&);
+                            STORAGE_T);
 using ContrastiveBwd = Pair(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const std::optional<Tensor>&,
-                            const Tensor&, bool, bool, const Scales&);
+                            const Tensor&, bool, bool, STORAGE_T);
 using PackedFwd = Pair(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                       int64_t, bool, const Scales&);
+                       int64_t, bool, STORAGE_T);
 using PackedBwd = Pair(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                        const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool,
-                       bool, const Scales&);
+                       bool, STORAGE_T);
+#undef STORAGE_T
+
+// How the documents are stored, as forward got it: saved with the tensors (saved[k..k+3])
+// and the normalize flag in saved_data.
+struct Storage {
+  Scales scales, codes, centroids, weights;
+  bool normalize = true;
+  std::vector<Tensor> tensors() const {
+    return {scales.value_or(Tensor()), codes.value_or(Tensor()), centroids.value_or(Tensor()),
+            weights.value_or(Tensor())};
+  }
+  void save(AutogradContext* ctx) const { ctx->saved_data["normalize"] = normalize; }
+  static Storage load(AutogradContext* ctx, const variable_list& s, size_t k);
+};
 
 // The inference entry points ask for no argmax, so there is nothing to differentiate with.
 void require_argmax(AutogradContext* ctx) {
@@ -64,14 +82,26 @@ void remember(AutogradContext* ctx, bool with_argmax, const Tensor& argmax) {
   ctx->set_materialize_grads(false);  // an unused score gets no gradient buffer
 }
 
-// Compressed documents (int8 / float8 with per-token scales) are frozen storage: scores
-// differentiate to the queries only.
-void refuse_compressed_grad(bool need_d, const Tensor& scales) {
-  TORCH_CHECK_VALUE(!(need_d && scales.defined()),
+// Compressed documents (int8 / float8 with per-token scales, or residuals) are frozen
+// storage: scores differentiate to the queries only. (The storage struct is not an autograd
+// input, so no edge reaches the scales or the codec's tensors; the Python layer refuses a
+// call whose storage asks for a gradient.)
+void refuse_compressed_grad(bool need_d, const Storage& st) {
+  TORCH_CHECK_VALUE(!(need_d && (st.scales.has_value() || st.codes.has_value())),
                     "maxsim: documents stored as int8 / float8 (document_scales given) are frozen; "
                     "no gradient flows to them. Detach them, or train on float documents");
 }
 Scales optional(const Tensor& t) { return t.defined() ? Scales(t) : std::nullopt; }
+
+Storage Storage::load(AutogradContext* ctx, const variable_list& s, size_t k) {
+  return {optional(s[k]), optional(s[k + 1]), optional(s[k + 2]), optional(s[k + 3]),
+          ctx->saved_data["normalize"].toBool()};
+}
+
+std::vector<Tensor> with_storage(std::vector<Tensor> saved, const Storage& st) {
+  for (auto& t : st.tensors()) saved.push_back(t);
+  return saved;
+}
 
 // (gq, gd) -> one gradient per forward input: queries at qi, documents at di.
 variable_list input_grads(size_t n, size_t qi, size_t di, const Pair& g, bool need_q, bool need_d) {
@@ -83,12 +113,14 @@ variable_list input_grads(size_t n, size_t qi, size_t di, const Pair& g, bool ne
 
 struct PaddedFn : torch::autograd::Function<PaddedFn> {
   static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& d, const Tensor& ql,
-                               const Tensor& dl, bool with_argmax, const Scales& ds) {
+                               const Tensor& dl, bool with_argmax, const Storage& st) {
     at::AutoDispatchBelowADInplaceOrView below;
     static const auto op = op_handle<PaddedFwd>("padded_forward");
-    auto [scores, argmax] = op.call(q, d, ql, dl, with_argmax, ds);
+    auto [scores, argmax] = op.call(q, d, ql, dl, with_argmax, st.scales, st.codes, st.centroids, st.weights,
+                                    st.normalize);
     remember(ctx, with_argmax, argmax);
-    ctx->save_for_backward({q, d, ql, dl, argmax, ds.value_or(Tensor())});
+    st.save(ctx);
+    ctx->save_for_backward(with_storage({q, d, ql, dl, argmax}, st));
     return {scores, argmax};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -97,11 +129,13 @@ struct PaddedFn : torch::autograd::Function<PaddedFn> {
     at::AutoDispatchBelowADInplaceOrView below;
     static const auto op = op_handle<PaddedBwd>("padded_backward");
     const auto s = ctx->get_saved_variables();
+    const Storage st = Storage::load(ctx, s, 5);
     const bool nq = ctx->needs_input_grad(0), nd = ctx->needs_input_grad(1);
-    refuse_compressed_grad(nd, s[5]);
+    refuse_compressed_grad(nd, st);
     return input_grads(6, 0, 1,
-                       op.call(grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4], nq, nd, optional(s[5])), nq,
-                       nd);
+                       op.call(grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4], nq, nd, st.scales, st.codes,
+                               st.centroids, st.weights, st.normalize),
+                       nq, nd);
   }
 };
 
@@ -110,12 +144,14 @@ struct PaddedFn : torch::autograd::Function<PaddedFn> {
 template <class Ops>
 struct ContrastiveFn : torch::autograd::Function<ContrastiveFn<Ops>> {
   static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& d, const Tensor& segments,
-                               const std::optional<Tensor>& ql, bool with_argmax, const Scales& ds) {
+                               const std::optional<Tensor>& ql, bool with_argmax, const Storage& st) {
     at::AutoDispatchBelowADInplaceOrView below;
     static const auto op = op_handle<ContrastiveFwd>(Ops::kForward);
-    auto [scores, argmax] = op.call(q, d, segments, ql, with_argmax, ds);
+    auto [scores, argmax] = op.call(q, d, segments, ql, with_argmax, st.scales, st.codes, st.centroids, st.weights,
+                                    st.normalize);
     remember(ctx, with_argmax, argmax);
-    ctx->save_for_backward({q, d, segments, argmax, ql.value_or(Tensor()), ds.value_or(Tensor())});
+    st.save(ctx);
+    ctx->save_for_backward(with_storage({q, d, segments, argmax, ql.value_or(Tensor())}, st));
     return {scores, argmax};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -124,11 +160,13 @@ struct ContrastiveFn : torch::autograd::Function<ContrastiveFn<Ops>> {
     at::AutoDispatchBelowADInplaceOrView below;
     static const auto op = op_handle<ContrastiveBwd>(Ops::kBackward);
     const auto s = ctx->get_saved_variables();
+    const Storage st = Storage::load(ctx, s, 5);
     const bool nq = ctx->needs_input_grad(0), nd = ctx->needs_input_grad(1);
-    refuse_compressed_grad(nd, s[5]);
-    return input_grads(
-        6, 0, 1, op.call(grads[0].contiguous(), s[0], s[1], s[2], optional(s[4]), s[3], nq, nd, optional(s[5])),
-        nq, nd);
+    refuse_compressed_grad(nd, st);
+    return input_grads(6, 0, 1,
+                       op.call(grads[0].contiguous(), s[0], s[1], s[2], optional(s[4]), s[3], nq, nd, st.scales,
+                               st.codes, st.centroids, st.weights, st.normalize),
+                       nq, nd);
   }
 };
 
@@ -151,12 +189,14 @@ Pair group_by(const Tensor& ids, int64_t count) {
 struct PackedFn : torch::autograd::Function<PackedFn> {
   static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& q_offsets, const Tensor& d,
                                const Tensor& d_offsets, const Tensor& pq, const Tensor& pd, int64_t max_q_len,
-                               bool with_argmax, const Scales& ds) {
+                               bool with_argmax, const Storage& st) {
     at::AutoDispatchBelowADInplaceOrView below;
     static const auto op = op_handle<PackedFwd>("packed_forward");
-    auto [scores, argmax] = op.call(q, q_offsets, d, d_offsets, pq, pd, max_q_len, with_argmax, ds);
+    auto [scores, argmax] = op.call(q, q_offsets, d, d_offsets, pq, pd, max_q_len, with_argmax, st.scales, st.codes,
+                                    st.centroids, st.weights, st.normalize);
     remember(ctx, with_argmax, argmax);
-    ctx->save_for_backward({q, q_offsets, d, d_offsets, pq, pd, argmax, ds.value_or(Tensor())});
+    st.save(ctx);
+    ctx->save_for_backward(with_storage({q, q_offsets, d, d_offsets, pq, pd, argmax}, st));
     return {scores, argmax};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -167,11 +207,12 @@ struct PackedFn : torch::autograd::Function<PackedFn> {
     const auto s = ctx->get_saved_variables();
     const auto [by_query, query_ptr] = group_by(s[4], s[1].size(0) - 1);
     const auto [by_doc, doc_ptr] = group_by(s[5], s[3].size(0) - 1);
+    const Storage st = Storage::load(ctx, s, 7);
     const bool nq = ctx->needs_input_grad(0), nd = ctx->needs_input_grad(2);
-    refuse_compressed_grad(nd, s[7]);
+    refuse_compressed_grad(nd, st);
     return input_grads(9, 0, 2,
                        op.call(grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4], s[5], s[6], by_query, query_ptr,
-                               by_doc, doc_ptr, nq, nd, optional(s[7])),
+                               by_doc, doc_ptr, nq, nd, st.scales, st.codes, st.centroids, st.weights, st.normalize),
                        nq, nd);
   }
 };
@@ -184,22 +225,29 @@ Pair as_pair(const variable_list& v) { return {v[0], v[1]}; }
 Tensor c(const Tensor& t) { return t.contiguous(); }
 std::optional<Tensor> c(const std::optional<Tensor>& t) { return t.has_value() ? std::optional<Tensor>(c(*t)) : t; }
 
+#define STORAGE_PARAMS const Scales &ds, const Scales &codes, const Scales &centroids, const Scales &weights, bool normalize
+Storage storage(STORAGE_PARAMS) { return {c(ds), c(codes), c(centroids), c(weights), normalize}; }
+#define STORAGE_ARGS storage(ds, codes, centroids, weights, normalize)
+
 Pair padded_forward(const Tensor& q, const Tensor& d, const Tensor& ql, const Tensor& dl, bool with_argmax,
-                    const Scales& ds) {
-  return as_pair(PaddedFn::apply(c(q), c(d), c(ql), c(dl), with_argmax, c(ds)));
+                    STORAGE_PARAMS) {
+  return as_pair(PaddedFn::apply(c(q), c(d), c(ql), c(dl), with_argmax, STORAGE_ARGS));
 }
 Pair contrastive_forward(const Tensor& q, const Tensor& d, const Tensor& offsets, const std::optional<Tensor>& ql,
-                         bool with_argmax, const Scales& ds) {
-  return as_pair(ContrastiveFn<OffsetDocumentOps>::apply(c(q), c(d), c(offsets), c(ql), with_argmax, c(ds)));
+                         bool with_argmax, STORAGE_PARAMS) {
+  return as_pair(ContrastiveFn<OffsetDocumentOps>::apply(c(q), c(d), c(offsets), c(ql), with_argmax, STORAGE_ARGS));
 }
 Pair contrastive_padded_forward(const Tensor& q, const Tensor& d, const Tensor& lengths,
-                                const std::optional<Tensor>& ql, bool with_argmax, const Scales& ds) {
-  return as_pair(ContrastiveFn<PaddedDocumentOps>::apply(c(q), c(d), c(lengths), c(ql), with_argmax, c(ds)));
+                                const std::optional<Tensor>& ql, bool with_argmax, STORAGE_PARAMS) {
+  return as_pair(ContrastiveFn<PaddedDocumentOps>::apply(c(q), c(d), c(lengths), c(ql), with_argmax, STORAGE_ARGS));
 }
 Pair packed_forward(const Tensor& q, const Tensor& q_offsets, const Tensor& d, const Tensor& d_offsets,
-                    const Tensor& pq, const Tensor& pd, int64_t max_q_len, bool with_argmax, const Scales& ds) {
-  return as_pair(PackedFn::apply(c(q), c(q_offsets), c(d), c(d_offsets), c(pq), c(pd), max_q_len, with_argmax, c(ds)));
+                    const Tensor& pq, const Tensor& pd, int64_t max_q_len, bool with_argmax, STORAGE_PARAMS) {
+  return as_pair(
+      PackedFn::apply(c(q), c(q_offsets), c(d), c(d_offsets), c(pq), c(pd), max_q_len, with_argmax, STORAGE_ARGS));
 }
+#undef STORAGE_PARAMS
+#undef STORAGE_ARGS
 
 }  // namespace
 }  // namespace maxsim_autograd

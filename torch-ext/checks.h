@@ -19,10 +19,13 @@
 #include <string>
 #include <utility>
 
+#include "torch_binding.h"
+
 namespace maxsim_checks {
 
 using at::Tensor;
 using Opt = std::optional<Tensor>;
+using maxsim_storage::DocumentStorage;
 
 // What Python prints: tuple(t.shape), str(t.dtype).
 inline std::string shape_str(c10::IntArrayRef s) {
@@ -75,11 +78,111 @@ inline void embeddings(const char* name, const Tensor& t, int64_t ndim, const ch
                        t.device().str());
 }
 
-// The documents and their document_scales; true when the documents are compressed (int8 or
-// float8_e4m3fn values with one float32 scale per token). Whether they may get a gradient is
-// the Python layer's check: it needs the caller's grad mode.
-inline bool documents(const Tensor& t, int64_t ndim, const char* what, const Opt& scales, const Tensor& queries) {
+inline bool reads_values(const Tensor& t) {
+  if (t.is_cpu()) return true;
+  const char* e = std::getenv("MAXSIM_CHECK_VALUES");
+  return e != nullptr && std::strcmp(e, "1") == 0;
+}
+
+// (min, max) of a non-empty index tensor: a loop on the CPU, aminmax elsewhere.
+inline std::pair<int64_t, int64_t> min_max(const Tensor& t) {
+  if (t.is_cpu()) {
+    const Tensor c = t.contiguous();
+    const int64_t n = c.numel();
+    int64_t lo = INT64_MAX, hi = INT64_MIN;
+    auto scan = [&](auto* p) {
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t v = static_cast<int64_t>(p[i]);
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+      }
+    };
+    if (c.scalar_type() == at::kInt) {
+      scan(c.const_data_ptr<int32_t>());
+    } else {
+      scan(c.const_data_ptr<int64_t>());
+    }
+    return {lo, hi};
+  }
+  auto [lo, hi] = at::aminmax(t);
+  return {lo.item<int64_t>(), hi.item<int64_t>()};
+}
+
+// ColBERTv2 residual documents: uint8 packed bucket ids [..., D * nbits / 8] with their codes,
+// centroids and bucket weights. Returns D.
+inline int64_t residual_documents(const Tensor& t, int64_t ndim, const char* what, const DocumentStorage& st,
+                                  const Tensor& queries) {
+  TORCH_CHECK_VALUE(!st.scales.has_value(), "document_scales is only for int8 / float8_e4m3fn documents; "
+                                            "residual documents take document_codes and residual_codec");
+  TORCH_CHECK_VALUE(st.centroids.has_value() && st.bucket_weights.has_value(),
+                    "residual documents need residual_codec (centroids and bucket_weights)");
+  TORCH_CHECK_VALUE(t.dim() == ndim, "documents must have " + std::to_string(ndim) + " dimensions " + what +
+                                         " (the last: D * nbits / 8 residual bytes), got shape " + shape_str(t.sizes()));
+  const Tensor& codes = *st.codes;
+  const Tensor& cents = *st.centroids;
+  const Tensor& w = *st.bucket_weights;
+  const auto cs = cents.scalar_type();
+  TORCH_CHECK_TYPE(cents.dim() == 2 && (cs == at::kHalf || cs == at::kBFloat16 || cs == at::kFloat),
+                   "residual_codec.centroids must be a 2-D float16, bfloat16 or float32 tensor [n_centroids, D], got " +
+                       dtype_str(cs) + " of shape " + shape_str(cents.sizes()));
+  const auto ws = w.scalar_type();
+  TORCH_CHECK_TYPE(w.dim() == 1 && (ws == at::kHalf || ws == at::kBFloat16 || ws == at::kFloat),
+                   "residual_codec.bucket_weights must be a 1-D float tensor, got " + dtype_str(ws) + " of shape " +
+                       shape_str(w.sizes()));
+  const int64_t nw = w.numel();
+  TORCH_CHECK_VALUE(nw == 2 || nw == 4 || nw == 16, "residual_codec.bucket_weights must have 2**nbits entries "
+                                                    "(nbits 1, 2 or 4), got " + std::to_string(nw));
+  const int64_t nbits = nw == 2 ? 1 : nw == 4 ? 2 : 4;
+  const int64_t dim = cents.size(1);
+  TORCH_CHECK_VALUE(dim % (8 * nbits) == 0, "residual_codec: the embedding dim (" + std::to_string(dim) +
+                                                ") must be a multiple of 8 * nbits = " + std::to_string(8 * nbits));
+  TORCH_CHECK_VALUE(t.size(-1) == dim * nbits / 8, "residual documents must have D * nbits / 8 = " +
+                                                       std::to_string(dim * nbits / 8) + " bytes per token (D " +
+                                                       std::to_string(dim) + ", nbits " + std::to_string(nbits) +
+                                                       "), got " + std::to_string(t.size(-1)));
+  const auto ks = codes.scalar_type();
+  TORCH_CHECK_TYPE(ks == at::kInt || ks == at::kLong, "document_codes must be int32 or int64, got " + dtype_str(ks));
+  const auto want = t.sizes().slice(0, t.dim() - 1);
+  TORCH_CHECK_VALUE(codes.sizes() == want, "document_codes must have shape " + shape_str(want) +
+                                               " (one code per token), got " + shape_str(codes.sizes()));
+  for (const auto& [name, x] : {std::pair<const char*, const Tensor*>{"document_codes", &codes},
+                                {"residual_codec.centroids", &cents},
+                                {"residual_codec.bucket_weights", &w}}) {
+    TORCH_CHECK_VALUE(x->device() == t.device(), std::string(name) + " is on " + x->device().str() +
+                                                     " but documents are on " + t.device().str());
+  }
+  TORCH_CHECK_TYPE(queries.scalar_type() != at::kDouble,
+                   "residual documents pair with float16, bfloat16 or float32 queries, got float64 queries");
+  TORCH_CHECK_VALUE(queries.size(-1) == dim, "queries and residual_codec.centroids must have the same embedding "
+                                             "dim, got " + std::to_string(queries.size(-1)) + " and " +
+                                                 std::to_string(dim));
+  if (reads_values(queries) && codes.numel() > 0) {
+    const auto [low, high] = min_max(codes);
+    const int64_t bad = low < 0 ? low : high;
+    TORCH_CHECK_VALUE(low >= 0 && high < cents.size(0),
+                      "document_codes must be in [0, n_centroids) = [0, " + std::to_string(cents.size(0)) +
+                          "), found " + std::to_string(bad));
+  }
+  return dim;
+}
+
+// The documents and how they are stored; true when they are not the queries' float type
+// (int8 / float8_e4m3fn values with one float32 scale per token, or residuals). Whether they
+// may get a gradient is the Python layer's check: it needs the caller's grad mode.
+inline bool documents(const Tensor& t, int64_t ndim, const char* what, const DocumentStorage& st,
+                      const Tensor& queries) {
+  const Opt& scales = st.scales;
   const auto s = t.scalar_type();
+  if (st.residual() || s == at::kByte) {
+    TORCH_CHECK_VALUE(st.residual(), "uint8 documents are ColBERTv2 residuals: pass document_codes= and "
+                                     "residual_codec=");
+    TORCH_CHECK_TYPE(s == at::kByte, "document_codes is only for residual documents (uint8 packed bucket ids); "
+                                     "documents are " + dtype_str(s));
+    residual_documents(t, ndim, what, st, queries);
+    return true;
+  }
+  TORCH_CHECK_VALUE(!st.centroids.has_value() && !st.bucket_weights.has_value(),
+                    "residual_codec is only for residual documents (uint8, with document_codes)");
   if (s == at::kChar || is_float8(s)) {
     TORCH_CHECK_TYPE(s == at::kChar || s == at::kFloat8_e4m3fn,
                      "float8 documents must be torch.float8_e4m3fn, got " + dtype_str(s));
@@ -106,6 +209,7 @@ inline bool documents(const Tensor& t, int64_t ndim, const char* what, const Opt
 }
 
 inline void same_dtype_and_dim(const Tensor& q, const Tensor& d, bool compressed) {
+  if (d.scalar_type() == at::kByte) return;  // residuals: checked against the centroids' dim
   TORCH_CHECK_TYPE(q.scalar_type() == d.scalar_type() || compressed,
                    "queries and documents must share a dtype, got " + dtype_str(q.scalar_type()) + " and " +
                        dtype_str(d.scalar_type()));
@@ -135,36 +239,6 @@ inline void same_device(std::initializer_list<std::pair<const char*, const Tenso
                                                      first.first + " is on " + dev.str() +
                                                      "; all arguments must be on one device");
   }
-}
-
-inline bool reads_values(const Tensor& t) {
-  if (t.is_cpu()) return true;
-  const char* e = std::getenv("MAXSIM_CHECK_VALUES");
-  return e != nullptr && std::strcmp(e, "1") == 0;
-}
-
-// (min, max) of a non-empty index tensor: a loop on the CPU, aminmax elsewhere.
-inline std::pair<int64_t, int64_t> min_max(const Tensor& t) {
-  if (t.is_cpu()) {
-    const Tensor c = t.contiguous();
-    const int64_t n = c.numel();
-    int64_t lo = INT64_MAX, hi = INT64_MIN;
-    auto scan = [&](auto* p) {
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t v = static_cast<int64_t>(p[i]);
-        lo = v < lo ? v : lo;
-        hi = v > hi ? v : hi;
-      }
-    };
-    if (c.scalar_type() == at::kInt) {
-      scan(c.const_data_ptr<int32_t>());
-    } else {
-      scan(c.const_data_ptr<int64_t>());
-    }
-    return {lo, hi};
-  }
-  auto [lo, hi] = at::aminmax(t);
-  return {lo.item<int64_t>(), hi.item<int64_t>()};
 }
 
 inline void lengths_in_range(const char* name, const Tensor& lengths, int64_t upper, const char* upper_name, bool read) {
@@ -202,7 +276,7 @@ inline void ids_in_range(const char* name, const Tensor& ids, int64_t count, con
 
 // ---- one function per forward op, in the order the checks run ----
 
-inline void padded(const Tensor& q, const Tensor& d, const Tensor& ql, const Tensor& dl, const Opt& scales) {
+inline void padded(const Tensor& q, const Tensor& d, const Tensor& ql, const Tensor& dl, const DocumentStorage& scales) {
   embeddings("queries", q, 3, "[B, Lq, D]");
   const bool compressed = documents(d, 4, "[B, C, Ld, D]", scales, q);
   same_dtype_and_dim(q, d, compressed);
@@ -222,7 +296,7 @@ inline void padded(const Tensor& q, const Tensor& d, const Tensor& ql, const Ten
 // Both contrastive surfaces: `segments` are document_offsets (documents packed, PACKED) or
 // document_lengths (documents padded).
 template <bool PACKED>
-inline void contrastive(const Tensor& q, const Tensor& d, const Tensor& segments, const Opt& ql, const Opt& scales) {
+inline void contrastive(const Tensor& q, const Tensor& d, const Tensor& segments, const Opt& ql, const DocumentStorage& scales) {
   const char* seg_name = PACKED ? "document_offsets" : "document_lengths";
   embeddings("queries", q, 3, "[Nq, Lq, D]");
   const bool compressed =
@@ -248,7 +322,7 @@ inline void contrastive(const Tensor& q, const Tensor& d, const Tensor& segments
 // max_q_len: the argmax width the caller gave, or -1 when it gave none (the Python layer
 // then needs no width, or has read the longest query itself).
 inline void packed(const Tensor& q, const Tensor& q_offsets, const Tensor& d, const Tensor& d_offsets, const Tensor& pq,
-                   const Tensor& pd, int64_t max_q_len, const Opt& scales) {
+                   const Tensor& pd, int64_t max_q_len, const DocumentStorage& scales) {
   embeddings("queries", q, 2, "[total_query_tokens, D]");
   const bool compressed = documents(d, 2, "[total_doc_tokens, D]", scales, q);
   same_dtype_and_dim(q, d, compressed);

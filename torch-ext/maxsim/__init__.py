@@ -4,7 +4,8 @@ score(q, d) = sum_i max_j <q_i, d_j>, for padded reranking, ragged pair grids (p
 and in-batch contrastive scoring (documents packed, or padded with lengths), each with
 `_with_argmax` and autograd `_train` forms, plus pure-PyTorch references; documents stored
 compressed (int8 / float8 e4m3fn with per-token scales: `quantize_documents`, then
-`document_scales=` on any entry point); helpers for
+`document_scales=` on any entry point) or as ColBERTv2 / PLAID residual codes (uint8
+documents with `document_codes=` and `residual_codec=maxsim.ResidualCodec(...)`); helpers for
 several processes on torch.distributed (`maxsim.distributed`: gathered in-batch negatives,
 sharded top-k search); and `maxsim.compat`, drop-in adapters for PyLate and colpali-engine
 with the switches that route those libraries through maxsim (`patch_pylate`, ...).
@@ -25,6 +26,7 @@ from ._api import (
     score_pairs_packed_with_argmax,
 )
 from ._quantize import dequantize_documents, quantize_documents
+from ._residual import ResidualCodec, compress_residuals, decompress_residuals
 from . import distributed
 from .distributed import gather_documents, score_contrastive_train_global, search_sharded
 from .compat import (
@@ -50,7 +52,10 @@ from ._reference import (
 )
 
 __all__ = [
+    "ResidualCodec",
     "compat",
+    "compress_residuals",
+    "decompress_residuals",
     "dequantize_documents",
     "distributed",
     "gather_documents",

@@ -13,6 +13,7 @@ import torch
 
 from . import _validate as check
 from ._ops import ops
+from ._residual import ResidualCodec
 from . import _registration  # noqa: F401  (registers the fake kernels)
 
 
@@ -65,6 +66,25 @@ def _index(name, t):
         raise TypeError(f"{name} must be a torch.Tensor of int32 or int64, got {type(t).__name__}")
 
 
+def _storage(document_scales, document_codes, residual_codec):
+    """The ops' trailing storage arguments: (document_scales, document_codes, centroids,
+    bucket_weights, normalize)."""
+    if document_codes is None and residual_codec is None:
+        return (document_scales, None, None, None, True)
+    if document_codes is None or residual_codec is None:
+        raise ValueError("residual documents need both document_codes= and residual_codec=")
+    if not isinstance(residual_codec, ResidualCodec):
+        raise TypeError(f"residual_codec must be a maxsim.ResidualCodec, got {type(residual_codec).__name__}")
+    if not isinstance(document_codes, torch.Tensor):
+        raise TypeError(f"document_codes must be a torch.Tensor of int32 or int64, got "
+                        f"{type(document_codes).__name__}")
+    c = residual_codec
+    if torch.is_grad_enabled() and (c.centroids.requires_grad or c.bucket_weights.requires_grad):
+        raise ValueError("residual documents (the codec's centroids and bucket_weights) are frozen "
+                         "storage and get no gradient; detach them, or train on float documents")
+    return (document_scales, document_codes, c.centroids, c.bucket_weights, c.normalize)
+
+
 def _python_checks(queries, q_what, documents, d_what, document_scales, *indices):
     """What the op cannot see: every argument a tensor (`indices`: (name, tensor or None)
     pairs), and compressed documents' scales a tensor with the documents frozen storage."""
@@ -85,28 +105,31 @@ def _padded_args(queries, documents, query_lengths, doc_lengths, document_scales
 
 
 def score_candidates_padded(queries, documents, query_lengths, doc_lengths, *,
-                            document_scales=None):
+                            document_scales=None,
+                            document_codes=None, residual_codec=None):
     """MaxSim of each query against its candidates.
 
     queries [B, Lq, D], documents [B, C, Ld, D], query_lengths [B], doc_lengths [B, C]
     -> scores [B, C] float32.
     """
     args = _padded_args(queries, documents, query_lengths, doc_lengths, document_scales)
-    return _call(ops.padded_forward, (*args, False, document_scales), 0, 1)[0]
+    return _call(ops.padded_forward, (*args, False, *_storage(document_scales, document_codes, residual_codec)), 0, 1)[0]
 
 
 def score_candidates_padded_with_argmax(queries, documents, query_lengths, doc_lengths, *,
-                                        document_scales=None):
+                                        document_scales=None,
+                                        document_codes=None, residual_codec=None):
     """Like score_candidates_padded, plus argmax [B, C, Lq] int32 (-1 where unmatched)."""
     args = _padded_args(queries, documents, query_lengths, doc_lengths, document_scales)
-    return _call(ops.padded_forward, (*args, True, document_scales), 0, 1)
+    return _call(ops.padded_forward, (*args, True, *_storage(document_scales, document_codes, residual_codec)), 0, 1)
 
 
 def score_candidates_padded_train(queries, documents, query_lengths, doc_lengths, *,
-                                  document_scales=None):
+                                  document_scales=None,
+                                  document_codes=None, residual_codec=None):
     """Differentiable score_candidates_padded (gradients for queries and documents)."""
     args = _padded_args(queries, documents, query_lengths, doc_lengths, document_scales)
-    return _call(ops.padded_forward, (*args, True, document_scales), 0, 1)[0]
+    return _call(ops.padded_forward, (*args, True, *_storage(document_scales, document_codes, residual_codec)), 0, 1)[0]
 
 
 # ---- contrastive -------------------------------------------------------------------------
@@ -118,28 +141,31 @@ def _contrastive_args(queries, documents, document_offsets, query_lengths, docum
 
 
 def score_contrastive(queries, documents, document_offsets, *, query_lengths=None,
-                      document_scales=None):
+                      document_scales=None,
+                      document_codes=None, residual_codec=None):
     """Every query against every document.
 
     queries [Nq, Lq, D], documents [total_doc_tokens, D] packed, document_offsets [Nb + 1],
     optional query_lengths [Nq] (default: all Lq positions count) -> scores [Nq, Nb] float32.
     """
     args = _contrastive_args(queries, documents, document_offsets, query_lengths, document_scales)
-    return _call(ops.contrastive_forward, (*args, False, document_scales), 0, 1)[0]
+    return _call(ops.contrastive_forward, (*args, False, *_storage(document_scales, document_codes, residual_codec)), 0, 1)[0]
 
 
 def score_contrastive_with_argmax(queries, documents, document_offsets, *, query_lengths=None,
-                                  document_scales=None):
+                                  document_scales=None,
+                                  document_codes=None, residual_codec=None):
     """Like score_contrastive, plus argmax [Nq, Nb, Lq] int32 (-1 where unmatched)."""
     args = _contrastive_args(queries, documents, document_offsets, query_lengths, document_scales)
-    return _call(ops.contrastive_forward, (*args, True, document_scales), 0, 1)
+    return _call(ops.contrastive_forward, (*args, True, *_storage(document_scales, document_codes, residual_codec)), 0, 1)
 
 
 def score_contrastive_train(queries, documents, document_offsets, *, query_lengths=None,
-                            document_scales=None):
+                            document_scales=None,
+                            document_codes=None, residual_codec=None):
     """Differentiable score_contrastive, e.g. for in-batch-negative (InfoNCE) training."""
     args = _contrastive_args(queries, documents, document_offsets, query_lengths, document_scales)
-    return _call(ops.contrastive_forward, (*args, True, document_scales), 0, 1)[0]
+    return _call(ops.contrastive_forward, (*args, True, *_storage(document_scales, document_codes, residual_codec)), 0, 1)[0]
 
 
 # ---- contrastive over padded documents ---------------------------------------------------
@@ -152,7 +178,8 @@ def _contrastive_padded_args(queries, documents, document_lengths, query_lengths
 
 
 def score_contrastive_padded(queries, documents, document_lengths, *, query_lengths=None,
-                             document_scales=None):
+                             document_scales=None,
+                             document_codes=None, residual_codec=None):
     """Every query against every document, documents padded (no packing copy needed).
 
     queries [Nq, Lq, D], documents [Nb, Ld, D], document_lengths [Nb] (tokens at or past a
@@ -160,31 +187,33 @@ def score_contrastive_padded(queries, documents, document_lengths, *, query_leng
     """
     args = _contrastive_padded_args(queries, documents, document_lengths, query_lengths,
                                     document_scales)
-    return _call(ops.contrastive_padded_forward, (*args, False, document_scales), 0, 1)[0]
+    return _call(ops.contrastive_padded_forward, (*args, False, *_storage(document_scales, document_codes, residual_codec)), 0, 1)[0]
 
 
 def score_contrastive_padded_with_argmax(queries, documents, document_lengths, *,
-                                         query_lengths=None, document_scales=None):
+                                         query_lengths=None, document_scales=None,
+                                         document_codes=None, residual_codec=None):
     """Like score_contrastive_padded, plus argmax [Nq, Nb, Lq] int32 (-1 where unmatched)."""
     args = _contrastive_padded_args(queries, documents, document_lengths, query_lengths,
                                     document_scales)
-    return _call(ops.contrastive_padded_forward, (*args, True, document_scales), 0, 1)
+    return _call(ops.contrastive_padded_forward, (*args, True, *_storage(document_scales, document_codes, residual_codec)), 0, 1)
 
 
 def score_contrastive_padded_train(queries, documents, document_lengths, *, query_lengths=None,
-                                   document_scales=None):
+                                   document_scales=None,
+                                   document_codes=None, residual_codec=None):
     """Differentiable score_contrastive_padded (gradients for queries and documents)."""
     args = _contrastive_padded_args(queries, documents, document_lengths, query_lengths,
                                     document_scales)
-    return _call(ops.contrastive_padded_forward, (*args, True, document_scales), 0, 1)[0]
+    return _call(ops.contrastive_padded_forward, (*args, True, *_storage(document_scales, document_codes, residual_codec)), 0, 1)[0]
 
 
 # ---- packed ------------------------------------------------------------------------------
 
 def _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids,
-                 pair_document_ids, max_q_len, need_width, document_scales):
+                 pair_document_ids, max_q_len, need_width, storage):
     _python_checks(queries, "[total_query_tokens, D]", documents, "[total_doc_tokens, D]",
-                   document_scales, ("query_offsets", query_offsets),
+                   storage[0], ("query_offsets", query_offsets),
                    ("document_offsets", document_offsets), ("pair_query_ids", pair_query_ids),
                    ("pair_document_ids", pair_document_ids))
     if max_q_len is not None:
@@ -194,7 +223,7 @@ def _packed_args(queries, query_offsets, documents, document_offsets, pair_query
         # The argmax width is the longest query: reading it is a host sync on a GPU, so this
         # path can afford the metadata checks before reading (the op repeats them).
         check.packed_call(queries, query_offsets, documents, document_offsets, pair_query_ids,
-                          pair_document_ids, document_scales)
+                          pair_document_ids, storage)
         n_queries = query_offsets.shape[0] - 1
         max_q_len = int((query_offsets[1:] - query_offsets[:-1]).max()) if n_queries > 0 else 0
     else:
@@ -204,32 +233,38 @@ def _packed_args(queries, query_offsets, documents, document_offsets, pair_query
 
 
 def score_pairs_packed(queries, query_offsets, documents, document_offsets, pair_query_ids,
-                       pair_document_ids, *, max_q_len=None, document_scales=None):
+                       pair_document_ids, *, max_q_len=None, document_scales=None,
+                       document_codes=None, residual_codec=None):
     """MaxSim of arbitrary (query, document) pairs over packed ragged segments.
 
     queries [total_q, D], query_offsets [Nq + 1], documents [total_d, D],
     document_offsets [Nd + 1], pair_query_ids [P], pair_document_ids [P] -> scores [P].
     `max_q_len`, if given, must be at least the longest query segment.
     """
+    storage = _storage(document_scales, document_codes, residual_codec)
     args = _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids,
-                        pair_document_ids, max_q_len, need_width=False, document_scales=document_scales)
-    return _call(ops.packed_forward, (*args, False, document_scales), 0, 2)[0]
+                        pair_document_ids, max_q_len, need_width=False, storage=storage)
+    return _call(ops.packed_forward, (*args, False, *storage), 0, 2)[0]
 
 
 def score_pairs_packed_with_argmax(queries, query_offsets, documents, document_offsets,
-                                   pair_query_ids, pair_document_ids, *, max_q_len=None, document_scales=None):
+                                   pair_query_ids, pair_document_ids, *, max_q_len=None, document_scales=None,
+                                   document_codes=None, residual_codec=None):
     """Like score_pairs_packed, plus argmax [P, max_q_len] int32 (-1 where unmatched).
 
     Without max_q_len the width is read from query_offsets (a host sync on a GPU).
     """
+    storage = _storage(document_scales, document_codes, residual_codec)
     args = _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids,
-                        pair_document_ids, max_q_len, need_width=True, document_scales=document_scales)
-    return _call(ops.packed_forward, (*args, True, document_scales), 0, 2)
+                        pair_document_ids, max_q_len, need_width=True, storage=storage)
+    return _call(ops.packed_forward, (*args, True, *storage), 0, 2)
 
 
 def score_pairs_packed_train(queries, query_offsets, documents, document_offsets,
-                             pair_query_ids, pair_document_ids, *, max_q_len=None, document_scales=None):
+                             pair_query_ids, pair_document_ids, *, max_q_len=None, document_scales=None,
+                             document_codes=None, residual_codec=None):
     """Differentiable score_pairs_packed (gradients for queries and documents)."""
+    storage = _storage(document_scales, document_codes, residual_codec)
     args = _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids,
-                        pair_document_ids, max_q_len, need_width=True, document_scales=document_scales)
-    return _call(ops.packed_forward, (*args, True, document_scales), 0, 2)[0]
+                        pair_document_ids, max_q_len, need_width=True, storage=storage)
+    return _call(ops.packed_forward, (*args, True, *storage), 0, 2)[0]

@@ -260,3 +260,41 @@ def score_pairs_packed_backward_reference(
     if document_scales is not None:
         return grad_q.to(queries.dtype), None
     return grad_q.to(queries.dtype), grad_d.to(documents.dtype)
+
+
+# ---- residual documents ------------------------------------------------------------------
+# Every reference above also takes ColBERTv2 residual documents: `documents` the packed
+# bucket ids (uint8), with document_codes= and residual_codec=. They are scored as the kernels
+# score them (torch-ext/maxsim/_residual.py): the token centroid + bucket weight rounded once
+# to the queries' dtype, its similarity times 1 / ||token|| when the codec normalises.
+
+def _accepting_residuals(fn):
+    import functools
+    import inspect
+
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapped(*args, document_codes=None, residual_codec=None, **kwargs):
+        if document_codes is None and residual_codec is None:
+            return fn(*args, **kwargs)
+        from ._residual import check_codec, residual_tokens
+
+        codec = check_codec(residual_codec)
+        bound = signature.bind(*args, **kwargs)
+        if bound.arguments.get("document_scales") is not None:
+            raise ValueError("document_scales is only for int8 / float8_e4m3fn documents")
+        queries = bound.arguments["queries"]
+        dtype = torch.float32 if queries.dtype == torch.float64 else queries.dtype
+        tokens, factor = residual_tokens(document_codes, bound.arguments["documents"], codec, dtype)
+        bound.arguments["documents"] = tokens
+        bound.arguments["document_scales"] = factor  # ones without normalising: frozen storage either way
+        return fn(*bound.args, **bound.kwargs)
+
+    return wrapped
+
+
+for _name in [n for n, f in list(globals().items())
+              if n.endswith("_reference") and n.startswith("score_") and callable(f)]:
+    globals()[_name] = _accepting_residuals(globals()[_name])
+del _name

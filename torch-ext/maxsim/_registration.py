@@ -30,24 +30,30 @@ def _grads_like(queries, documents, need_q: bool, need_d: bool):
 
 
 @torch.library.register_fake(add_op_namespace_prefix("padded_forward"))
-def _(queries, documents, query_lengths, doc_lengths, with_argmax, document_scales=None):
-    check.padded_call(queries, documents, query_lengths, doc_lengths, document_scales)
+def _(queries, documents, query_lengths, doc_lengths, with_argmax, document_scales=None,
+      document_codes=None, centroids=None, bucket_weights=None, normalize=True):
+    check.padded_call(queries, documents, query_lengths, doc_lengths,
+                      (document_scales, document_codes, centroids, bucket_weights, normalize))
     b, c = documents.shape[0], documents.shape[1]
     scores = queries.new_empty((b, c), dtype=_score_dtype(queries))
     return scores, _argmax_like(queries, (b, c, queries.shape[1]), with_argmax)
 
 
 @torch.library.register_fake(add_op_namespace_prefix("contrastive_forward"))
-def _(queries, documents, document_offsets, query_lengths, with_argmax, document_scales=None):
-    check.contrastive_call(queries, documents, document_offsets, query_lengths, document_scales, True)
+def _(queries, documents, document_offsets, query_lengths, with_argmax, document_scales=None,
+      document_codes=None, centroids=None, bucket_weights=None, normalize=True):
+    check.contrastive_call(queries, documents, document_offsets, query_lengths,
+                           (document_scales, document_codes, centroids, bucket_weights, normalize), True)
     nq, nb = queries.shape[0], document_offsets.shape[0] - 1
     scores = queries.new_empty((nq, nb), dtype=_score_dtype(queries))
     return scores, _argmax_like(queries, (nq, nb, queries.shape[1]), with_argmax)
 
 
 @torch.library.register_fake(add_op_namespace_prefix("contrastive_padded_forward"))
-def _(queries, documents, document_lengths, query_lengths, with_argmax, document_scales=None):
-    check.contrastive_call(queries, documents, document_lengths, query_lengths, document_scales, False)
+def _(queries, documents, document_lengths, query_lengths, with_argmax, document_scales=None,
+      document_codes=None, centroids=None, bucket_weights=None, normalize=True):
+    check.contrastive_call(queries, documents, document_lengths, query_lengths,
+                           (document_scales, document_codes, centroids, bucket_weights, normalize), False)
     nq, nb = queries.shape[0], documents.shape[0]
     scores = queries.new_empty((nq, nb), dtype=_score_dtype(queries))
     return scores, _argmax_like(queries, (nq, nb, queries.shape[1]), with_argmax)
@@ -55,31 +61,37 @@ def _(queries, documents, document_lengths, query_lengths, with_argmax, document
 
 @torch.library.register_fake(add_op_namespace_prefix("packed_forward"))
 def _(queries, query_offsets, documents, document_offsets, pair_query_ids, pair_document_ids,
-      max_q_len, with_argmax, document_scales=None):
+      max_q_len, with_argmax, document_scales=None,
+      document_codes=None, centroids=None, bucket_weights=None, normalize=True):
     check.packed_call(queries, query_offsets, documents, document_offsets, pair_query_ids,
-                      pair_document_ids, document_scales)
+                      pair_document_ids,
+                      (document_scales, document_codes, centroids, bucket_weights, normalize))
     p = pair_query_ids.shape[0]
     scores = queries.new_empty((p,), dtype=_score_dtype(queries))
     return scores, _argmax_like(queries, (p, max(max_q_len, 0)), with_argmax)
 
 
 @torch.library.register_fake(add_op_namespace_prefix("padded_backward"))
-def _(grad_scores, queries, documents, query_lengths, doc_lengths, argmax, need_q, need_d, document_scales=None):
+def _(grad_scores, queries, documents, query_lengths, doc_lengths, argmax, need_q, need_d, document_scales=None,
+      document_codes=None, centroids=None, bucket_weights=None, normalize=True):
     return _grads_like(queries, documents, need_q, need_d)
 
 
 @torch.library.register_fake(add_op_namespace_prefix("contrastive_backward"))
-def _(grad_scores, queries, documents, document_offsets, query_lengths, argmax, need_q, need_d, document_scales=None):
+def _(grad_scores, queries, documents, document_offsets, query_lengths, argmax, need_q, need_d, document_scales=None,
+      document_codes=None, centroids=None, bucket_weights=None, normalize=True):
     return _grads_like(queries, documents, need_q, need_d)
 
 
 @torch.library.register_fake(add_op_namespace_prefix("contrastive_padded_backward"))
-def _(grad_scores, queries, documents, document_lengths, query_lengths, argmax, need_q, need_d, document_scales=None):
+def _(grad_scores, queries, documents, document_lengths, query_lengths, argmax, need_q, need_d, document_scales=None,
+      document_codes=None, centroids=None, bucket_weights=None, normalize=True):
     return _grads_like(queries, documents, need_q, need_d)
 
 
 @torch.library.register_fake(add_op_namespace_prefix("packed_backward"))
 def _(grad_scores, queries, query_offsets, documents, document_offsets, pair_query_ids,
       pair_document_ids, argmax, pairs_by_query, query_pair_offsets, pairs_by_document,
-      document_pair_offsets, need_q, need_d, document_scales=None):
+      document_pair_offsets, need_q, need_d, document_scales=None,
+      document_codes=None, centroids=None, bucket_weights=None, normalize=True):
     return _grads_like(queries, documents, need_q, need_d)

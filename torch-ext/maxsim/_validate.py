@@ -52,12 +52,71 @@ _OTHER_FLOAT8 = tuple(getattr(torch, n) for n in (
     "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu") if hasattr(torch, n))
 
 
-def documents(t, ndim: int, what: str, scales, queries, grad: bool = True) -> bool:
-    """Checks the documents and their document_scales; True when they are compressed.
+def residual_documents(t, ndim: int, what: str, storage, queries) -> None:
+    """Residual documents against their codes, centroids and bucket weights (checks.h's
+    residual_documents, for the fake kernels)."""
+    scales, codes, cents, weights, _ = storage
+    if scales is not None:
+        raise ValueError("document_scales is only for int8 / float8_e4m3fn documents; residual documents "
+                         "take document_codes and residual_codec")
+    if cents is None or weights is None:
+        raise ValueError("residual documents need residual_codec (centroids and bucket_weights)")
+    if t.dim() != ndim:
+        raise ValueError(f"documents must have {ndim} dimensions {what} (the last: D * nbits / 8 residual "
+                         f"bytes), got shape {tuple(t.shape)}")
+    if cents.dim() != 2 or cents.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError("residual_codec.centroids must be a 2-D float16, bfloat16 or float32 tensor "
+                        f"[n_centroids, D], got {cents.dtype} of shape {tuple(cents.shape)}")
+    if weights.dim() != 1 or weights.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError(f"residual_codec.bucket_weights must be a 1-D float tensor, got {weights.dtype} of "
+                        f"shape {tuple(weights.shape)}")
+    nw = weights.numel()
+    if nw not in (2, 4, 16):
+        raise ValueError(f"residual_codec.bucket_weights must have 2**nbits entries (nbits 1, 2 or 4), got {nw}")
+    nbits = {2: 1, 4: 2, 16: 4}[nw]
+    dim = cents.shape[1]
+    if dim % (8 * nbits):
+        raise ValueError(f"residual_codec: the embedding dim ({dim}) must be a multiple of 8 * nbits = {8 * nbits}")
+    if t.shape[-1] != dim * nbits // 8:
+        raise ValueError(f"residual documents must have D * nbits / 8 = {dim * nbits // 8} bytes per token "
+                         f"(D {dim}, nbits {nbits}), got {t.shape[-1]}")
+    if codes.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"document_codes must be int32 or int64, got {codes.dtype}")
+    if tuple(codes.shape) != tuple(t.shape[:-1]):
+        raise ValueError(f"document_codes must have shape {tuple(t.shape[:-1])} (one code per token), got "
+                         f"{tuple(codes.shape)}")
+    for name, x in (("document_codes", codes), ("residual_codec.centroids", cents),
+                    ("residual_codec.bucket_weights", weights)):
+        if x.device != t.device:
+            raise ValueError(f"{name} is on {x.device} but documents are on {t.device}")
+    if queries.dtype == torch.float64:
+        raise TypeError("residual documents pair with float16, bfloat16 or float32 queries, got float64 queries")
+    if queries.shape[-1] != dim:
+        raise ValueError("queries and residual_codec.centroids must have the same embedding dim, got "
+                         f"{queries.shape[-1]} and {dim}")
 
-    Float documents take no scales; int8 and float8_e4m3fn documents need float32 scales
-    shaped like the documents without their last dimension, on their device.
+
+def documents(t, ndim: int, what: str, storage, queries, grad: bool = True) -> bool:
+    """Checks the documents and how they are stored; True when they are not float.
+
+    `storage`: the ops' (document_scales, document_codes, centroids, bucket_weights,
+    normalize), or just document_scales. Float documents take no scales; int8 and
+    float8_e4m3fn documents need float32 scales shaped like the documents without their last
+    dimension, on their device; uint8 documents are residuals with codes and a codec.
     """
+    if not isinstance(storage, tuple):
+        storage = (storage, None, None, None, True)
+    scales, codes = storage[0], storage[1]
+    if isinstance(t, torch.Tensor) and (codes is not None or t.dtype == torch.uint8):
+        if codes is None:
+            raise ValueError("uint8 documents are ColBERTv2 residuals: pass document_codes= and residual_codec=")
+        if t.dtype != torch.uint8:
+            raise TypeError("document_codes is only for residual documents (uint8 packed bucket ids); "
+                            f"documents are {t.dtype}")
+        residual_documents(t, ndim, what, storage, queries)
+        return True
+    if storage[2] is not None or storage[3] is not None:
+        raise ValueError("residual_codec is only for residual documents (uint8, with document_codes)")
     if isinstance(t, torch.Tensor) and (t.dtype in COMPRESSED_DTYPES or t.dtype in _OTHER_FLOAT8):
         if t.dtype in _OTHER_FLOAT8:
             raise TypeError(f"float8 documents must be torch.float8_e4m3fn, got {t.dtype}")
@@ -102,6 +161,8 @@ def compressed_grad(documents, scales) -> None:
 
 def same_dtype_and_dim(queries: torch.Tensor, documents: torch.Tensor,
                        compressed: bool = False) -> None:
+    if documents.dtype == torch.uint8:
+        return  # residuals: checked against the centroids' dim
     if queries.dtype != documents.dtype and not compressed:
         raise TypeError(
             f"queries and documents must share a dtype, got {queries.dtype} and {documents.dtype}"

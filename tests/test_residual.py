@@ -1,0 +1,286 @@
+"""ColBERTv2 / PLAID residual documents (uint8 packed bucket ids + a centroid id per token) on
+every surface and form of every backend that scores them, against the float64 reference on the
+decoded tokens.
+
+The contract (torch-ext/maxsim/_residual.py): a token is t = centroid + bucket weight, summed in
+float32 and rounded once to the queries' dtype; its similarity is (q . t) summed in float32,
+times 1 / max(||t||, 1e-12) when the codec normalises, before the max. The expectations here are
+the float64 MaxSim over t / ||t|| (t as the kernel rounds it), so the usual tolerances apply.
+The bit order is checked by hand here and against colbert-ai's own codec in
+tests/integrations/test_residual_codecs.py.
+"""
+import dataclasses
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import (
+    SURFACES, assert_argmax, assert_grads, assert_scores, expected_grads, make_case, make_padded, unit,
+)
+
+_path = Path(__file__).resolve().parent.parent / "torch-ext" / "maxsim" / "_residual.py"
+_spec = importlib.util.spec_from_file_location("maxsim_residual_src", _path)
+RES = importlib.util.module_from_spec(_spec)
+sys.modules["maxsim_residual_src"] = RES
+_spec.loader.exec_module(RES)
+
+QUERY_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+NBITS = (1, 2, 4)
+
+
+def residual_backends(device):
+    ms, dev = device
+    if dev.type not in ("cpu", "cuda"):
+        pytest.skip(f"residual documents are not scored on {dev.type} yet")
+    return ms, dev
+
+
+def make_codec(ms, rng, dim, nbits, *, n_centroids=37, dtype=torch.float16, normalize=True, device="cpu"):
+    centroids = unit(rng, n_centroids, dim).to(dtype)
+    weights = torch.sort(torch.randn(1 << nbits, generator=rng) * 0.05).values.to(dtype)
+    return ms.ResidualCodec(centroids.to(device), weights.to(device), nbits, normalize)
+
+
+def encode(ms, case, rng, nbits, *, query_dtype=torch.float16, centroid_dtype=torch.float16, normalize=True,
+           n_centroids=37):
+    """(run_case, storage kwargs, expect_case): `case` with random residual documents of its
+    shape, queries of query_dtype, and the same case over the decoded tokens in float64."""
+    dev = case.queries.device
+    codec = make_codec(ms, rng, case.dim, nbits, n_centroids=n_centroids, dtype=centroid_dtype,
+                       normalize=normalize, device=dev)
+    tokens = case.documents.shape[:-1]
+    codes = torch.randint(0, n_centroids, tokens, generator=rng).to(torch.int32).to(dev)
+    residuals = torch.randint(0, 256, (*tokens, case.dim * nbits // 8), generator=rng).to(torch.uint8).to(dev)
+    queries = case.queries.to(query_dtype)
+    t, factor = RES.residual_tokens(codes.cpu(), residuals.cpu(), codec.to("cpu"), query_dtype)
+    decoded = t.double() * factor.double().unsqueeze(-1)
+    expect = dataclasses.replace(case, queries=queries, documents=decoded.to(dev))
+    run = dataclasses.replace(case, queries=queries, documents=residuals)
+    return run, {"document_codes": codes, "residual_codec": codec}, expect
+
+
+def call(ms, case, storage, form=""):
+    return getattr(ms, case.fn + form)(*case.args(), **case.kwargs(), **storage)
+
+
+# ---- the codec itself (pure PyTorch) ------------------------------------------------------
+
+def test_bit_order_by_hand():
+    # nbits 2: dimension d's bucket bits go lowest first; a byte fills from its top bit.
+    # buckets [1, 2, 3, 0 | 0, 1, 0, 2]: stream 10 01 11 00 | 00 10 00 01
+    res = torch.tensor([[0b10011100, 0b00100001]], dtype=torch.uint8)
+    assert RES.unpack_buckets(res, 2).tolist() == [[1, 2, 3, 0, 0, 1, 0, 2]]
+    # nbits 1: bit d of the stream is dimension d, top bit first
+    assert RES.unpack_buckets(torch.tensor([[0b10000001]], dtype=torch.uint8), 1).tolist() == [[1, 0, 0, 0, 0, 0, 0, 1]]
+    # nbits 4: the low nibble of the bucket id comes first, bit-reversed into the byte's top
+    assert RES.unpack_buckets(torch.tensor([[0b10000100]], dtype=torch.uint8), 4).tolist() == [[1, 2]]
+
+
+@pytest.mark.parametrize("nbits", NBITS)
+def test_pack_unpack_round_trip(nbits, rng):
+    buckets = torch.randint(0, 1 << nbits, (5, 64), generator=rng)
+    packed = RES.pack_buckets(buckets, nbits)
+    assert packed.dtype == torch.uint8 and packed.shape == (5, 64 * nbits // 8)
+    assert torch.equal(RES.unpack_buckets(packed, nbits), buckets)
+
+
+@pytest.mark.parametrize("nbits", NBITS)
+def test_compress_decompress_clustered(cpu_kernel, nbits, rng):
+    """compress_residuals then decompress_residuals stays within the buckets' resolution on
+    clustered embeddings."""
+    ms = cpu_kernel
+    dim = 64
+    centroids = unit(rng, 16, dim)
+    x = centroids[torch.randint(0, 16, (200,), generator=rng)] + 0.03 * torch.randn(200, dim, generator=rng)
+    x = torch.nn.functional.normalize(x, dim=-1)
+    spread = torch.quantile((x - centroids[(x @ centroids.T).argmax(-1)]).flatten(),
+                            torch.linspace(0, 1, (1 << nbits) + 1)[1:-1])
+    levels = torch.quantile((x - centroids[(x @ centroids.T).argmax(-1)]).flatten(),
+                            (torch.arange(1 << nbits) + 0.5) / (1 << nbits))
+    codec = ms.ResidualCodec(centroids, levels, nbits)
+    codes, residuals = ms.compress_residuals(x, codec, spread)
+    assert codes.dtype == torch.int32 and residuals.shape == (200, dim * nbits // 8)
+    back = ms.decompress_residuals(codes, residuals, codec)
+    cos = (back * x).sum(-1)
+    assert cos.min() > {1: 0.95, 2: 0.98, 4: 0.995}[nbits], cos.min()
+
+
+def test_codec_errors(cpu_kernel):
+    ms = cpu_kernel
+    c = torch.randn(5, 32)
+    with pytest.raises(ValueError, match="nbits must be 1, 2 or 4"):
+        ms.ResidualCodec(c, torch.zeros(8), 3)
+    with pytest.raises(ValueError, match="2\\*\\*nbits = 4 entries"):
+        ms.ResidualCodec(c, torch.zeros(3), 2)
+    with pytest.raises(ValueError, match="multiple of 8 \\* nbits = 32"):
+        ms.ResidualCodec(torch.randn(5, 48), torch.zeros(16), 4)
+    with pytest.raises(TypeError, match="centroids must be a 2-D"):
+        ms.ResidualCodec(torch.randn(5, 32).long(), torch.zeros(4), 2)
+
+
+# ---- every surface, form and query dtype ----------------------------------------------------
+
+@pytest.mark.parametrize("query_dtype", QUERY_DTYPES, ids=str)
+@pytest.mark.parametrize("nbits", NBITS)
+@pytest.mark.parametrize("surface", SURFACES)
+def test_scores_and_argmax(device, surface, nbits, query_dtype, rng):
+    ms, dev = residual_backends(device)
+    case = make_case(surface, rng, n=4, Lq=11, Ld=70, D=32, device=dev)
+    run, storage, expect = encode(ms, case, rng, nbits, query_dtype=query_dtype)
+    scores = call(ms, run, storage)
+    both, argmax = call(ms, run, storage, "_with_argmax")
+    assert torch.equal(scores, both)
+    assert_scores(scores, expect, input_dtype=query_dtype)
+    assert_argmax(argmax, expect)
+    # the references take the residual form too, with the same result
+    on_cpu = run.to("cpu")
+    cpu_storage = {"document_codes": storage["document_codes"].cpu(),
+                   "residual_codec": storage["residual_codec"].to("cpu")}
+    ref = getattr(ms, case.fn + "_reference")(*on_cpu.args(), **on_cpu.kwargs(), **cpu_storage)
+    assert_scores(ref, expect.to("cpu"), input_dtype=query_dtype)
+
+
+@pytest.mark.parametrize("centroid_dtype", (torch.float32, torch.float16, torch.bfloat16), ids=str)
+@pytest.mark.parametrize("normalize", (True, False))
+@pytest.mark.parametrize("dim", (8, 64, 128, 256))
+def test_dims_centroid_types_and_normalize(device, dim, normalize, centroid_dtype, rng):
+    ms, dev = residual_backends(device)
+    nbits = 1 if dim == 8 else 2
+    case = make_padded(rng, 3, 5, 33, 75, dim, device=dev)
+    for query_dtype in QUERY_DTYPES:
+        run, storage, expect = encode(ms, case, rng, nbits, query_dtype=query_dtype,
+                                      centroid_dtype=centroid_dtype, normalize=normalize, n_centroids=300)
+        scores, argmax = call(ms, run, storage, "_with_argmax")
+        assert_scores(scores, expect, input_dtype=query_dtype)
+        assert_argmax(argmax, expect)
+
+
+@pytest.mark.parametrize("query_dtype", QUERY_DTYPES, ids=str)
+@pytest.mark.parametrize("surface", SURFACES)
+def test_query_gradient(device, surface, query_dtype, rng):
+    ms, dev = residual_backends(device)
+    case = make_case(surface, rng, n=4, Lq=9, Ld=50, D=64, device=dev)
+    run, storage, expect = encode(ms, case, rng, 2, query_dtype=query_dtype)
+    q = run.queries.detach().clone().requires_grad_()
+    scores = call(ms, dataclasses.replace(run, queries=q), storage, "_train")
+    g = unit(rng, *case.score_shape).to(dev)
+    scores.backward(g.to(scores.dtype))
+    inference, argmax = call(ms, run, storage, "_with_argmax")
+    assert torch.equal(scores.detach(), inference)
+    eq, _, bq, _ = expected_grads(expect, g, argmax)
+    assert_grads(q.grad, eq, bq, query_dtype)
+    assert q.grad.abs().sum() > 0
+    # the backward references take the residual form and give no document gradient
+    r = run.to("cpu")
+    cpu_storage = {"document_codes": storage["document_codes"].cpu(),
+                   "residual_codec": storage["residual_codec"].to("cpu")}
+    # (in the queries' dtype: the tokens round to it, as the kernels round them)
+    gq_ref, gd_ref = getattr(ms, case.fn + "_backward_reference")(
+        g.float().cpu(), *r.args(), argmax.cpu(), **cpu_storage)
+    assert gd_ref is None
+    assert_grads(gq_ref, eq, bq, query_dtype)
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_ties_resolve_exactly(device, surface, rng):
+    """Centroids and bucket weights on a lattice, no normalisation: every similarity is exact,
+    so scores and argmax equal the reference bitwise, ties (plentiful) to the lowest token."""
+    ms, dev = residual_backends(device)
+    case = make_case(surface, rng, n=4, Lq=10, Ld=40, D=16, device=dev)
+    codec = ms.ResidualCodec((torch.randint(-3, 4, (6, 16), generator=rng) / 4).to(dev),
+                             torch.tensor([-0.25, 0.0, 0.25, 0.5]).to(dev), 2, normalize=False)
+    tokens = case.documents.shape[:-1]
+    codes = torch.randint(0, 6, tokens, generator=rng).to(dev)
+    residuals = torch.randint(0, 256, (*tokens, 4), generator=rng).to(torch.uint8).to(dev)
+    decoded = ms.decompress_residuals(codes.cpu(), residuals.cpu(), codec.to("cpu"), torch.float64)
+    q = (torch.randint(-3, 4, case.queries.shape, generator=rng) / 4).to(dev)
+    run = dataclasses.replace(case, queries=q, documents=residuals)
+    expect = dataclasses.replace(case, queries=q, documents=decoded.to(dev))
+    storage = {"document_codes": codes, "residual_codec": codec}
+    for query_dtype in QUERY_DTYPES:
+        r = dataclasses.replace(run, queries=q.to(query_dtype))
+        scores, argmax = call(ms, r, storage, "_with_argmax")
+        assert_scores(scores, expect, input_dtype=query_dtype, exact=True)
+        assert_argmax(argmax, expect, exact=True)
+
+
+def test_empty_and_degenerate(device, rng):
+    ms, dev = residual_backends(device)
+    # empty queries (score 0), empty documents (-inf), and a zero token (factor of eps: 0)
+    case = make_padded(rng, 3, 4, 5, 6, 16, device=dev, q_lens=[0, 5, 2],
+                       d_lens=[[0, 6, 3, 1], [6, 0, 2, 5], [1, 1, 6, 0]])
+    codec = ms.ResidualCodec(torch.zeros(2, 16, device=dev), torch.zeros(4, device=dev), 2)
+    codes = torch.zeros(case.documents.shape[:-1], dtype=torch.int64, device=dev)
+    residuals = torch.zeros(*case.documents.shape[:-1], 4, dtype=torch.uint8, device=dev)
+    run = dataclasses.replace(case, queries=case.queries.half(), documents=residuals)
+    scores, argmax = call(ms, run, {"document_codes": codes, "residual_codec": codec}, "_with_argmax")
+    expect = dataclasses.replace(case, documents=torch.zeros_like(case.documents))
+    assert_scores(scores, expect, input_dtype=torch.float16)
+    assert_argmax(argmax, expect)
+    # no documents at all
+    empty = make_padded(rng, 2, 0, 4, 3, 16, device=dev)
+    e_run = dataclasses.replace(empty, queries=empty.queries.half(),
+                                documents=torch.zeros(2, 0, 3, 4, dtype=torch.uint8, device=dev))
+    out = call(ms, e_run, {"document_codes": torch.zeros(2, 0, 3, dtype=torch.int64, device=dev),
+                           "residual_codec": codec})
+    assert out.shape == (2, 0)
+
+
+def test_bad_codes(device, rng):
+    """A code out of range: a named error where values can be read (CPU), NaN for the pairs
+    that read it on a GPU, and never an out-of-bounds read."""
+    ms, dev = residual_backends(device)
+    case = make_padded(rng, 2, 3, 4, 8, 32, device=dev)
+    run, storage, _ = encode(ms, case, rng, 2)
+    codes = storage["document_codes"].clone()
+    codes[1, 2, 0] = 37  # == n_centroids
+    codes[0, 1, 3] = -5
+    bad = dict(storage, document_codes=codes)
+    if dev.type == "cpu":
+        with pytest.raises(ValueError, match=r"document_codes must be in \[0, n_centroids\) = \[0, 37\)"):
+            call(ms, run, bad)
+        return
+    scores = call(ms, run, bad)
+    d_lens = case.doc_lengths
+    assert torch.isnan(scores[1, 2]) == bool(d_lens[1, 2] > 0 and case.query_lengths[1] > 0)
+    assert torch.isnan(scores[0, 1]) == bool(d_lens[0, 1] > 3 and case.query_lengths[0] > 0)
+
+
+def test_errors(cpu_kernel, rng):
+    ms = cpu_kernel
+    case = make_padded(rng, 2, 3, 4, 8, 32, device="cpu")
+    run, storage, _ = encode(ms, case, rng, 2)
+    codes, codec = storage["document_codes"], storage["residual_codec"]
+    args = run.args()
+    q, res = args[0], args[1]
+
+    def score(*a, **kw):
+        return ms.score_candidates_padded(*a, **kw)
+
+    with pytest.raises(ValueError, match="uint8 documents are ColBERTv2 residuals"):
+        score(*args)
+    with pytest.raises(ValueError, match="need both document_codes= and residual_codec="):
+        score(*args, document_codes=codes)
+    with pytest.raises(TypeError, match="residual_codec must be a maxsim.ResidualCodec"):
+        score(*args, document_codes=codes, residual_codec=(codec.centroids, codec.bucket_weights))
+    with pytest.raises(ValueError, match="D \\* nbits / 8 = 8 bytes per token"):
+        score(q, res[..., :6], *args[2:], document_codes=codes, residual_codec=codec)
+    with pytest.raises(ValueError, match="document_codes must have shape"):
+        score(*args, document_codes=codes[:, :2], residual_codec=codec)
+    with pytest.raises(TypeError, match="document_codes must be int32 or int64"):
+        score(*args, document_codes=codes.float(), residual_codec=codec)
+    with pytest.raises(TypeError, match="residual documents pair with float16, bfloat16 or float32 queries"):
+        score(q.double(), *args[1:], document_codes=codes, residual_codec=codec)
+    with pytest.raises(ValueError, match="same embedding dim"):
+        score(torch.cat([q, q], -1), *args[1:], document_codes=codes, residual_codec=codec)
+    with pytest.raises(ValueError, match="document_scales is only for int8"):
+        score(*args, document_codes=codes, residual_codec=codec,
+              document_scales=torch.ones(codes.shape))
+    with pytest.raises(TypeError, match="document_codes is only for residual documents"):
+        score(q, case.documents.half(), *args[2:], document_codes=codes, residual_codec=codec)
+    frozen = ms.ResidualCodec(codec.centroids.float().requires_grad_(), codec.bucket_weights, 2)
+    with pytest.raises(ValueError, match="frozen"):
+        ms.score_candidates_padded_train(*args, document_codes=codes, residual_codec=frozen)
