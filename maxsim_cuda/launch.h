@@ -19,7 +19,10 @@ enum class DType : int { kF16 = 0, kBF16 = 1, kF32 = 2, kF64 = 3 };
 // value, int8 (symmetric) or float8 e4m3fn, with one float32 scale per document row
 // (value = v * scale; each similarity is scaled before the max). Compressed documents pair
 // with kF16 / kBF16 / kF32 queries and get no gradient.
-enum class DocFormat : int { kNative = 0, kInt8 = 1, kE4M3 = 2 };
+// kResidual: ColBERTv2 residuals (uint8 packed bucket ids, a centroid id per row, see
+// ResidualRef), decoded on chip into 16-bit tiles; float16 / bfloat16 queries with centroids of
+// the queries' dtype, dim <= 256.
+enum class DocFormat : int { kNative = 0, kInt8 = 1, kE4M3 = 2, kResidual = 3 };
 
 // An index tensor (lengths, offsets, ids) of int32 or int64; `size` is its element count
 // so reads can be range-checked on the device.
@@ -27,6 +30,21 @@ struct IndexRef {
   const void* ptr = nullptr;
   int64_t size = 0;
   int is64 = 0;
+};
+
+// Residual documents' codec: row r decodes to round(centroids[codes[r]] + weights[bucket])
+// per dimension (summed in float32, rounded to the queries' type), and its similarities are
+// multiplied by 1 / max(||row||, 1e-12) when `normalize`. A code outside [0, n_centroids)
+// gives the row a NaN factor (never an out-of-bounds read).
+struct ResidualRef {
+  const void* codes = nullptr;  // [d_rows] int32 / int64
+  int codes_is64 = 0;
+  const void* centroids = nullptr;  // [n_centroids, dim], the queries' dtype, 16-byte aligned
+  int64_t n_centroids = 0;
+  const void* weights = nullptr;  // bucket weights, 2**nbits of them, on the device
+  int weights_dtype = 0;          // 0 float32, 1 float16, 2 bfloat16
+  int nbits = 0;
+  int normalize = 1;
 };
 
 // What forward and backward both see of a call: the surface, its embeddings and sizes and
@@ -43,6 +61,7 @@ struct Problem {
   const void* queries = nullptr;
   const void* documents = nullptr;
   const float* doc_scales = nullptr;  // compressed documents: [d_rows]
+  ResidualRef residual;               // residual documents
   int64_t dim = 0;
   int64_t q_rows = 0;  // rows of the queries tensor (all leading dims flattened)
   int64_t d_rows = 0;  // rows of the documents tensor

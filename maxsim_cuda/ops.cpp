@@ -16,13 +16,8 @@
 namespace maxsim_cuda {
 namespace {
 
-// How the documents are stored (torch_binding.h): this backend scores float and int8 / float8
-// documents; ColBERTv2 residuals are scored by the CPU backend only so far.
-const std::optional<at::Tensor>& dense_storage(const maxsim_storage::DocumentStorage& storage) {
-  TORCH_CHECK_NOT_IMPLEMENTED(!storage.residual(), "maxsim: residual (ColBERTv2) documents are not supported on "
-                              "this device yet; score them on the CPU");
-  return storage.scales;
-}
+using maxsim_storage::DocumentStorage;
+
 
 DType dtype_of(const at::Tensor& t) {
   switch (t.scalar_type()) {
@@ -96,9 +91,63 @@ const float* scales_of(const at::Tensor& q, const at::Tensor& d, const std::opti
   return sc.numel() > 0 ? sc.data_ptr<float>() : nullptr;
 }
 
-void check_no_document_gradient(const std::optional<at::Tensor>& scales, bool need_grad_documents) {
-  TORCH_CHECK(!(scales.has_value() && need_grad_documents),
+void check_no_document_gradient(const DocumentStorage& st, bool need_grad_documents) {
+  TORCH_CHECK(!((st.scales.has_value() || st.residual()) && need_grad_documents),
               "maxsim: compressed documents get no gradient (need_grad_documents must be false)");
+}
+
+// Residual documents' codec for the kernels (checks.h has run the user-facing checks): the
+// fused path takes float16 / bfloat16 queries, centroids of the queries' dtype on 16-byte
+// rows, and dim <= 256; other calls raise NotImplementedError naming what to change.
+ResidualRef residual_ref(const at::Tensor& q, const at::Tensor& d, const DocumentStorage& st) {
+  TORCH_CHECK(st.centroids.has_value() && st.bucket_weights.has_value(),
+              "maxsim: residual documents need centroids and bucket weights");
+  TORCH_CHECK(!st.scales.has_value(), "maxsim: document_scales given with residual documents");
+  const at::Tensor& cents = *st.centroids;
+  const at::Tensor& codes = *st.codes;
+  check_device(cents, q, "centroids");
+  check_device(codes, q, "document_codes");
+  TORCH_CHECK_NOT_IMPLEMENTED(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
+                              "maxsim: residual documents on CUDA take float16 or bfloat16 queries so far "
+                              "(float32: score on the CPU, or cast the queries)");
+  TORCH_CHECK_NOT_IMPLEMENTED(cents.scalar_type() == q.scalar_type(),
+                              "maxsim: residual documents on CUDA need centroids of the queries' dtype "
+                              "(residual_codec.centroids.to(queries.dtype))");
+  const int64_t dim = q.size(-1);
+  TORCH_CHECK_NOT_IMPLEMENTED(dim <= 256, "maxsim: residual documents on CUDA take dim <= 256 so far");
+  TORCH_CHECK(cents.is_contiguous() && cents.dim() == 2 && cents.size(1) == dim,
+              "maxsim: centroids must be contiguous [n_centroids, D]");
+  TORCH_CHECK_NOT_IMPLEMENTED(cents.numel() == 0 || (reinterpret_cast<uintptr_t>(cents.data_ptr()) & 15) == 0,
+                              "maxsim: residual centroids must start 16-byte aligned (a fresh tensor does)");
+  const at::Tensor& w = *st.bucket_weights;
+  check_device(w, q, "bucket_weights");
+  TORCH_CHECK(w.is_contiguous() && (w.scalar_type() == at::kFloat || w.scalar_type() == at::kHalf ||
+                                    w.scalar_type() == at::kBFloat16),
+              "maxsim: bucket_weights must be contiguous float32, float16 or bfloat16");
+  const int64_t nw = w.numel();
+  TORCH_CHECK(nw == 2 || nw == 4 || nw == 16, "maxsim: bucket_weights must have 2, 4 or 16 entries");
+  ResidualRef r;
+  r.nbits = nw == 2 ? 1 : nw == 4 ? 2 : 4;
+  TORCH_CHECK(dim % (8 * r.nbits) == 0 && d.size(-1) == dim * r.nbits / 8,
+              "maxsim: residual documents must have D * nbits / 8 bytes per token");
+  const int64_t rows = c10::multiply_integers(d.sizes().slice(0, d.dim() - 1));
+  TORCH_CHECK(codes.is_contiguous() && codes.numel() == rows &&
+                  (codes.scalar_type() == at::kInt || codes.scalar_type() == at::kLong),
+              "maxsim: document_codes must be contiguous int32 / int64 with one code per token");
+  r.codes = codes.numel() > 0 ? codes.data_ptr() : nullptr;
+  r.codes_is64 = codes.scalar_type() == at::kLong;
+  r.centroids = cents.numel() > 0 ? cents.data_ptr() : nullptr;
+  r.n_centroids = cents.numel() > 0 ? cents.size(0) : 0;
+  r.weights = w.data_ptr();
+  r.weights_dtype = w.scalar_type() == at::kHalf ? 1 : w.scalar_type() == at::kBFloat16 ? 2 : 0;
+  r.normalize = st.normalize ? 1 : 0;
+  return r;
+}
+
+// The query gradient of residual documents has no CUDA kernel yet.
+void refuse_residual_backward(const DocumentStorage& st) {
+  TORCH_CHECK_NOT_IMPLEMENTED(!st.residual(), "maxsim: the query gradient of residual documents is not implemented "
+                              "on CUDA yet; use the CPU for *_train with residual documents");
 }
 
 void check_launch(cudaError_t err) {
@@ -137,16 +186,24 @@ int rerank_variant() {
 
 // The Problem of each surface: shape checks, sizes, index tensors. The caller holds a
 // CUDAGuard for the queries' device (the stream read here is that device's).
-Problem base_problem(Surface surface, const at::Tensor& q, const at::Tensor& d,
-                     const std::optional<at::Tensor>& scales) {
-  check_inputs(q, d, scales);
+Problem base_problem(Surface surface, const at::Tensor& q, const at::Tensor& d, const DocumentStorage& st) {
   Problem p;
+  if (st.residual()) {
+    TORCH_CHECK(q.is_cuda(), "maxsim: queries must be a CUDA tensor");
+    check_device(d, q, "documents");
+    TORCH_CHECK(q.is_contiguous() && d.is_contiguous() && d.scalar_type() == at::kByte,
+                "maxsim: residual documents must be contiguous uint8");
+    p.doc_format = DocFormat::kResidual;
+    p.residual = residual_ref(q, d, st);
+  } else {
+    check_inputs(q, d, st.scales);
+    p.doc_format = doc_format_of(d);
+    p.doc_scales = scales_of(q, d, st.scales);
+  }
   p.surface = surface;
   p.dtype = dtype_of(q);
-  p.doc_format = doc_format_of(d);
   p.queries = q.numel() > 0 ? q.data_ptr() : nullptr;
   p.documents = d.numel() > 0 ? d.data_ptr() : nullptr;
-  p.doc_scales = scales_of(q, d, scales);
   p.dim = q.size(-1);
   // Rows from the leading sizes, not numel / dim: with dim == 0 there are still rows
   // (every dot product is 0), and offsets are checked against these counts.
@@ -160,9 +217,9 @@ Problem base_problem(Surface surface, const at::Tensor& q, const at::Tensor& d,
 int64_t segments(const at::Tensor& offsets) { return offsets.numel() > 0 ? offsets.numel() - 1 : 0; }
 
 Problem padded_problem(const at::Tensor& q, const at::Tensor& d, const at::Tensor& query_lengths,
-                       const at::Tensor& doc_lengths, const std::optional<at::Tensor>& scales) {
+                       const at::Tensor& doc_lengths, const DocumentStorage& scales) {
   TORCH_CHECK(q.dim() == 3 && d.dim() == 4, "maxsim: padded expects [B,Lq,D] and [B,C,Ld,D]");
-  TORCH_CHECK(d.size(0) == q.size(0) && d.size(3) == q.size(2), "maxsim: padded shape mismatch");
+  TORCH_CHECK(d.size(0) == q.size(0) && (scales.residual() || d.size(3) == q.size(2)), "maxsim: padded shape mismatch");
   Problem p = base_problem(Surface::kPadded, q, d, scales);
   p.num_queries = q.size(0);
   p.cands = d.size(1);
@@ -176,9 +233,9 @@ Problem padded_problem(const at::Tensor& q, const at::Tensor& d, const at::Tenso
 
 Problem contrastive_problem(const at::Tensor& q, const at::Tensor& d, const at::Tensor& document_offsets,
                             const std::optional<at::Tensor>& query_lengths,
-                            const std::optional<at::Tensor>& scales) {
+                            const DocumentStorage& scales) {
   TORCH_CHECK(q.dim() == 3 && d.dim() == 2, "maxsim: contrastive expects [Nq,Lq,D] and [T,D]");
-  TORCH_CHECK(d.size(1) == q.size(2), "maxsim: dim mismatch");
+  TORCH_CHECK(scales.residual() || d.size(1) == q.size(2), "maxsim: dim mismatch");
   Problem p = base_problem(Surface::kContrastive, q, d, scales);
   p.num_queries = q.size(0);
   p.num_docs = segments(document_offsets);
@@ -192,10 +249,10 @@ Problem contrastive_problem(const at::Tensor& q, const at::Tensor& d, const at::
 Problem contrastive_padded_problem(const at::Tensor& q, const at::Tensor& d,
                                    const at::Tensor& document_lengths,
                                    const std::optional<at::Tensor>& query_lengths,
-                                   const std::optional<at::Tensor>& scales) {
+                                   const DocumentStorage& scales) {
   TORCH_CHECK(q.dim() == 3 && d.dim() == 3,
               "maxsim: contrastive_padded expects [Nq,Lq,D] and [Nb,Ld,D]");
-  TORCH_CHECK(d.size(2) == q.size(2), "maxsim: dim mismatch");
+  TORCH_CHECK(scales.residual() || d.size(2) == q.size(2), "maxsim: dim mismatch");
   Problem p = base_problem(Surface::kContrastivePadded, q, d, scales);
   p.num_queries = q.size(0);
   p.num_docs = d.size(0);
@@ -210,9 +267,9 @@ Problem contrastive_padded_problem(const at::Tensor& q, const at::Tensor& d,
 
 Problem packed_problem(const at::Tensor& q, const at::Tensor& query_offsets, const at::Tensor& d,
                        const at::Tensor& document_offsets, const at::Tensor& pair_query_ids,
-                       const at::Tensor& pair_document_ids, const std::optional<at::Tensor>& scales) {
+                       const at::Tensor& pair_document_ids, const DocumentStorage& scales) {
   TORCH_CHECK(q.dim() == 2 && d.dim() == 2, "maxsim: packed expects [Tq,D] and [Td,D]");
-  TORCH_CHECK(d.size(1) == q.size(1), "maxsim: dim mismatch");
+  TORCH_CHECK(scales.residual() || d.size(1) == q.size(1), "maxsim: dim mismatch");
   TORCH_CHECK(pair_document_ids.numel() == pair_query_ids.numel(), "maxsim: pair id tensors differ in length");
   Problem p = base_problem(Surface::kPacked, q, d, scales);
   p.num_queries = segments(query_offsets);
@@ -294,10 +351,9 @@ std::tuple<at::Tensor, at::Tensor> padded_forward(const at::Tensor& queries, con
                                                   const at::Tensor& query_lengths, const at::Tensor& doc_lengths,
                                                   bool with_argmax,
     const maxsim_storage::DocumentStorage& storage) {
-  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<ForwardParams>(
-      padded_problem(queries, documents, query_lengths, doc_lengths, document_scales));
+      padded_problem(queries, documents, query_lengths, doc_lengths, storage));
   p.rerank_variant = rerank_variant();
   return run_forward(p, queries, {p.num_queries, p.cands}, p.lq, with_argmax);
 }
@@ -307,10 +363,9 @@ std::tuple<at::Tensor, at::Tensor> contrastive_forward(const at::Tensor& queries
                                                        const std::optional<at::Tensor>& query_lengths,
                                                        bool with_argmax,
     const maxsim_storage::DocumentStorage& storage) {
-  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<ForwardParams>(
-      contrastive_problem(queries, documents, document_offsets, query_lengths, document_scales));
+      contrastive_problem(queries, documents, document_offsets, query_lengths, storage));
   p.variant = contrastive_variant();
   return run_forward(p, queries, {p.num_queries, p.num_docs}, p.lq, with_argmax);
 }
@@ -321,10 +376,9 @@ std::tuple<at::Tensor, at::Tensor> contrastive_padded_forward(const at::Tensor& 
                                                               const std::optional<at::Tensor>& query_lengths,
                                                               bool with_argmax,
     const maxsim_storage::DocumentStorage& storage) {
-  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<ForwardParams>(
-      contrastive_padded_problem(queries, documents, document_lengths, query_lengths, document_scales));
+      contrastive_padded_problem(queries, documents, document_lengths, query_lengths, storage));
   p.variant = contrastive_variant();
   return run_forward(p, queries, {p.num_queries, p.num_docs}, p.lq, with_argmax);
 }
@@ -335,12 +389,11 @@ std::tuple<at::Tensor, at::Tensor> packed_forward(const at::Tensor& queries, con
                                                   const at::Tensor& pair_document_ids, int64_t max_q_len,
                                                   bool with_argmax,
     const maxsim_storage::DocumentStorage& storage) {
-  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
   TORCH_CHECK(max_q_len >= 0, "maxsim: max_q_len must be >= 0");
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<ForwardParams>(
       packed_problem(queries, query_offsets, documents, document_offsets, pair_query_ids, pair_document_ids,
-                     document_scales));
+                     storage));
   p.max_q_len = max_q_len;
   p.rerank_variant = rerank_variant();
   return run_forward(p, queries, {p.pairs}, max_q_len, with_argmax);
@@ -354,11 +407,11 @@ std::tuple<at::Tensor, at::Tensor> padded_backward(const at::Tensor& grad_scores
                                                    const at::Tensor& doc_lengths, const at::Tensor& argmax,
                                                    bool need_grad_queries, bool need_grad_documents,
     const maxsim_storage::DocumentStorage& storage) {
-  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
-  check_no_document_gradient(document_scales, need_grad_documents);
+  check_no_document_gradient(storage, need_grad_documents);
+  refuse_residual_backward(storage);
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<BackwardParams>(
-      padded_problem(queries, documents, query_lengths, doc_lengths, document_scales));
+      padded_problem(queries, documents, query_lengths, doc_lengths, storage));
   return run_backward(p, grad_scores, queries, documents, argmax, p.lq, need_grad_queries, need_grad_documents,
                       true, true);
 }
@@ -370,11 +423,11 @@ std::tuple<at::Tensor, at::Tensor> contrastive_backward(const at::Tensor& grad_s
                                                         const at::Tensor& argmax, bool need_grad_queries,
                                                         bool need_grad_documents,
     const maxsim_storage::DocumentStorage& storage) {
-  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
-  check_no_document_gradient(document_scales, need_grad_documents);
+  check_no_document_gradient(storage, need_grad_documents);
+  refuse_residual_backward(storage);
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<BackwardParams>(
-      contrastive_problem(queries, documents, document_offsets, query_lengths, document_scales));
+      contrastive_problem(queries, documents, document_offsets, query_lengths, storage));
   return run_backward(p, grad_scores, queries, documents, argmax, p.lq, need_grad_queries, need_grad_documents,
                       true, false);
 }
@@ -385,11 +438,11 @@ std::tuple<at::Tensor, at::Tensor> contrastive_padded_backward(
     const at::Tensor& document_lengths, const std::optional<at::Tensor>& query_lengths,
     const at::Tensor& argmax, bool need_grad_queries, bool need_grad_documents,
     const maxsim_storage::DocumentStorage& storage) {
-  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
-  check_no_document_gradient(document_scales, need_grad_documents);
+  check_no_document_gradient(storage, need_grad_documents);
+  refuse_residual_backward(storage);
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<BackwardParams>(
-      contrastive_padded_problem(queries, documents, document_lengths, query_lengths, document_scales));
+      contrastive_padded_problem(queries, documents, document_lengths, query_lengths, storage));
   return run_backward(p, grad_scores, queries, documents, argmax, p.lq, need_grad_queries, need_grad_documents,
                       true, true);
 }
@@ -401,12 +454,12 @@ std::tuple<at::Tensor, at::Tensor> packed_backward(
     const at::Tensor& query_pair_offsets, const at::Tensor& pairs_by_document,
     const at::Tensor& document_pair_offsets, bool need_grad_queries, bool need_grad_documents,
     const maxsim_storage::DocumentStorage& storage) {
-  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
-  check_no_document_gradient(document_scales, need_grad_documents);
+  check_no_document_gradient(storage, need_grad_documents);
+  refuse_residual_backward(storage);
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<BackwardParams>(
       packed_problem(queries, query_offsets, documents, document_offsets, pair_query_ids, pair_document_ids,
-                     document_scales));
+                     storage));
   p.pairs_by_query = index_ref(pairs_by_query, queries, "pairs_by_query");
   p.query_pair_offsets = index_ref(query_pair_offsets, queries, "query_pair_offsets");
   p.pairs_by_document = index_ref(pairs_by_document, queries, "pairs_by_document");

@@ -35,6 +35,10 @@ template <>
 struct DocTraits<DocFormat::kE4M3> {
   static constexpr bool kCompressed = true;
 };
+template <>
+struct DocTraits<DocFormat::kResidual> {  // decoded into 16-bit tiles, not widened per fragment
+  static constexpr bool kCompressed = false;
+};
 template <DocFormat F>
 constexpr bool is_compressed() {
   return DocTraits<F>::kCompressed;
@@ -43,6 +47,55 @@ constexpr bool is_compressed() {
 // Element type of the documents tensor a mainloop reads.
 template <class T, DocFormat F>
 using DocElem = std::conditional_t<F == DocFormat::kNative, T, uint8_t>;
+
+// ---- ColBERTv2 residuals (DocFormat::kResidual) ----
+//
+// 8 dimensions of a row take nbits bytes of its packed bucket ids. `bits` holds them with the
+// first byte in the top 8 bits; dimension j's field is the nbits bits after j * nbits of them,
+// its bucket id those bits in reverse order (the codec stores each id lowest bit first).
+__device__ __forceinline__ uint32_t residual_bucket(uint32_t bits, int j, int nbits) {
+  const uint32_t field = (bits >> (32 - nbits * (j + 1))) & ((1u << nbits) - 1u);
+  return __brev(field) >> (32 - nbits);
+}
+
+template <class T>
+__device__ __forceinline__ float half_to_float(T x) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __half2float(x);
+  } else {
+    return __bfloat162float(x);
+  }
+}
+template <class T>
+__device__ __forceinline__ T float_to_half(float x) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __float2half_rn(x);
+  } else {
+    return __float2bfloat16_rn(x);
+  }
+}
+
+// Eight centroid values (one 16-byte chunk of T) plus their bucket weights, summed in float32
+// and rounded once to T, in place; returns the sum of the rounded values' squares.
+template <class T>
+__device__ __forceinline__ float decode_residual_chunk(uint4& v, uint32_t bits, int nbits, const float* weights) {
+  T* e = reinterpret_cast<T*>(&v);
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const T t = float_to_half<T>(half_to_float(e[j]) + weights[residual_bucket(bits, j, nbits)]);
+    const float f = half_to_float(t);
+    ss = fmaf(f, f, ss);
+    e[j] = t;
+  }
+  return ss;
+}
+
+__device__ __forceinline__ uint32_t ld_shared_u8(uint32_t addr) {
+  uint16_t v;
+  asm volatile("ld.shared.u8 %0, [%1];\n" : "=h"(v) : "r"(addr));
+  return v;
+}
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;

@@ -386,6 +386,53 @@ cudaError_t launch_compressed_surface(const ForwardParams& p) {
   }
 }
 
+// ---- residual documents (decoded into 16-bit tiles; mainloop_mma.cuh) ----
+// The 16-bit shapes of MmaConfig, with three stages where they take four at 64-row tiles:
+// a residual stage also holds the packed bucket ids (a quarter more bytes), and three stages
+// keep three CTAs per SM.
+template <class T, int KD, int BM>
+struct ResidualConfig;
+template <class T, int KD>
+struct ResidualConfig<T, KD, 32> {
+  using type = MmaMainloop<T, KD, 32, (KD > 128 ? 32 : 64), 2, 2, (KD > 128 ? 4 : 3), (KD > 128 ? 1 : 3),
+                           DocFormat::kResidual>;
+};
+template <class T, int KD>
+struct ResidualConfig<T, KD, 64> {
+  using type = MmaMainloop<T, KD, 64, (KD > 128 ? 32 : 64), 4, 2, (KD > 128 ? 4 : 3), (KD > 128 ? 1 : 2),
+                           DocFormat::kResidual>;
+};
+template <class T, int KD>
+struct ResidualConfig<T, KD, 128> {
+  using type = std::conditional_t<(KD > 128), MmaMainloop<T, KD, 128, 32, 8, 1, 4, 1, DocFormat::kResidual>,
+                                  MmaMainloop<T, KD, 128, 64, 4, 1, 4, 1, DocFormat::kResidual>>;
+};
+
+template <class T, int SURF>
+cudaError_t launch_residual_surface(const ForwardParams& p) {
+  const int bm = pick_bm(p);
+  const int kd = p.dim <= 64 ? 64 : (p.dim <= 128 ? 128 : 256);
+#define MAXSIM_RESIDUAL_CASE(KD_, BM_) \
+  if (kd == KD_ && bm == BM_) return run_surface<typename ResidualConfig<T, KD_, BM_>::type, SURF>(p);
+  MAXSIM_RESIDUAL_CASE(64, 32) MAXSIM_RESIDUAL_CASE(64, 64) MAXSIM_RESIDUAL_CASE(64, 128)
+  MAXSIM_RESIDUAL_CASE(128, 32) MAXSIM_RESIDUAL_CASE(128, 64) MAXSIM_RESIDUAL_CASE(128, 128)
+  MAXSIM_RESIDUAL_CASE(256, 32) MAXSIM_RESIDUAL_CASE(256, 64) MAXSIM_RESIDUAL_CASE(256, 128)
+#undef MAXSIM_RESIDUAL_CASE
+  return cudaErrorInvalidValue;
+}
+
+// Explicitly instantiated per query dtype in forward_<dtype>_residual.cu.
+template <class T>
+cudaError_t launch_forward_residual(const ForwardParams& p) {
+  if (p.dim > 256) return cudaErrorInvalidValue;  // ops.cpp refuses these first
+  switch (p.surface) {
+    case Surface::kPadded: return launch_residual_surface<T, 0>(p);
+    case Surface::kContrastive: return launch_residual_surface<T, 1>(p);
+    case Surface::kContrastivePadded: return launch_residual_surface<T, 3>(p);
+    default: return launch_residual_surface<T, 2>(p);
+  }
+}
+
 // Explicitly instantiated per (query dtype, format) in forward_<dtype>_<format>.cu.
 template <class T, DocFormat F>
 cudaError_t launch_forward_compressed(const ForwardParams& p) {

@@ -112,7 +112,14 @@ struct FwdArgs {
   const float* doc_scales;  // compressed documents: one per row; else null
   int64_t dim;
   EpilogueArgs ep;
+  ResidualRef res;  // residual documents: the codec
 };
+
+// Whether a mainloop decodes residual documents (only MmaMainloop has the member).
+template <class ML, class = void>
+struct DecodesResiduals : std::false_type {};
+template <class ML>
+struct DecodesResiduals<ML, std::enable_if_t<ML::kResidual>> : std::true_type {};
 
 template <class ML, class Policy>
 struct FwdSmem {
@@ -140,6 +147,7 @@ __global__ void __launch_bounds__(ML::kThreads, ML::kMinBlocks)
   } else {
     ml.init(smem, a.dim, a.documents, a.doc_scales);
   }
+  if constexpr (DecodesResiduals<ML>::value) ml.bind_residual(a.res, a.documents);
 
   TileStream<Policy, BM, BN, KSplit<ML>::chunk> cons, prod;
   cons.start(pol, range, a.dim);
@@ -287,6 +295,7 @@ FwdArgs<T, D> make_args(const ForwardParams& p) {
   a.documents = static_cast<const D*>(p.documents);
   a.doc_scales = p.doc_scales;
   a.dim = p.dim;
+  a.res = p.residual;
   a.ep.scores = p.scores;
   a.ep.argmax = p.argmax;
   a.ep.width = p.argmax_width;

@@ -149,6 +149,12 @@ __device__ __forceinline__ void mma_kstep(float (&acc)[MT][NT][4], const AFrag& 
 // columns 64 * kq + 16 * t4 + [0, 16) of document row g, k-step 4 * kq + j takes bytes
 // 4j..4j+3 (PairBytes says which pair goes to b0 and b1), and the query A fragments are
 // loaded with the same columns. The row scales multiply the accumulators before the fold.
+//
+// Residual documents (F = kResidual) are decoded rather than widened: the producer gathers each
+// row's centroid into the 16-bit tile by its code and copies the row's packed bucket ids beside
+// it; before the MMAs the CTA adds the bucket weights in place (decode_residual), sums each
+// row's squares into its scale (1 / norm), and the tile is then read as a 16-bit one, the
+// scales applied as for compressed tiles.
 template <class T, int KD_, int BM_, int BN_, int WM, int WN, int STAGES_, int MIN_BLOCKS_ = 1,
           DocFormat F = DocFormat::kNative>
 struct MmaMainloop {
@@ -157,6 +163,7 @@ struct MmaMainloop {
   using Acc = float;
   static constexpr bool kPipelined = true;
   static constexpr bool kCompressed = is_compressed<F>();
+  static constexpr bool kResidual = F == DocFormat::kResidual;
   static constexpr int KD = KD_, BM = BM_, BN = BN_, kStages = STAGES_;
   static constexpr int kWarps = WM * WN, kThreads = kWarps * 32, kMinBlocks = MIN_BLOCKS_;
   static constexpr int MT = BM / (16 * WM);
@@ -168,13 +175,20 @@ struct MmaMainloop {
   static_assert(NT % 2 == 0, "NT must be even (ldmatrix.x4 loads two n8 tiles)");
   using Swz = std::conditional_t<(KD > 64), PairSwizzle, NoSwizzle>;  // compressed tiles
 
+  // Residual stage: the 16-bit tile, BN scales, BN rows of packed bucket ids (at most KD / 2
+  // bytes: nbits <= 4), BN code flags (1: the code was in range). Then, once, the weights.
+  static constexpr int kTileBytes = BN * KD * int(sizeof(T));
+  static constexpr int kResidualRowBytes = KD / 2;
   static constexpr size_t stage_bytes() {
+    if constexpr (kResidual) return size_t(kTileBytes) + size_t(BN) * (8 + kResidualRowBytes);
     return kCompressed ? size_t(BN) * KD + size_t(BN) * sizeof(float) : size_t(BN) * KD * sizeof(T);
   }
-  static constexpr size_t smem_bytes() { return kStages * stage_bytes(); }
+  static constexpr size_t smem_bytes() { return kStages * stage_bytes() + (kResidual ? 16 * sizeof(float) : 0); }
 
   unsigned char* tiles;
   const float* doc_scales;  // compressed: one per document row
+  ResidualRef res;          // residual: the codec
+  int res_bytes;            // residual: packed bytes per row (dim * nbits / 8)
   int64_t dim;
   int gran;  // native: elements per cp.async piece (copy_granularity); compressed: bytes (copy_piece_bytes)
   int lane, wm, wn;
@@ -197,13 +211,100 @@ struct MmaMainloop {
     wn = warp / WM;
   }
 
+  // Residual documents: the codec, and the bucket weights into shared memory (read after the
+  // main loop's first barrier).
+  __device__ __forceinline__ void bind_residual(const ResidualRef& r, const void* docs) {
+    res = r;
+    res_bytes = int(dim * r.nbits / 8);
+    gran = copy_piece_bytes(res_bytes, reinterpret_cast<uintptr_t>(docs));
+    float* w = reinterpret_cast<float*>(tiles + kStages * stage_bytes());
+    if (threadIdx.x < (1 << r.nbits)) {
+      const int i = threadIdx.x;
+      w[i] = r.weights_dtype == 1   ? __half2float(static_cast<const __half*>(r.weights)[i])
+             : r.weights_dtype == 2 ? __bfloat162float(static_cast<const __nv_bfloat16*>(r.weights)[i])
+                                    : static_cast<const float*>(r.weights)[i];
+    }
+  }
+
+  __device__ __forceinline__ int64_t residual_code(int64_t row) const {
+    return res.codes_is64 ? __ldg(static_cast<const long long*>(res.codes) + row)
+                          : int64_t(__ldg(static_cast<const int*>(res.codes) + row));
+  }
+
+  // Producer, residual: centroid rows by code into the swizzled 16-bit tile (a code out of
+  // range reads centroid 0 and flags the row), the packed bucket ids beside it.
+  __device__ __forceinline__ void load_residual_tile(uint32_t base, const uint8_t* docs, int64_t row0,
+                                                     int rows) const {
+    constexpr int CH = KD / 8;
+    const T* cents = static_cast<const T*>(res.centroids);
+    for (int c = threadIdx.x; c < BN * CH; c += kThreads) {
+      const int r = c / CH, ch = c % CH;
+      const uint32_t dst = swizzled<T, KD>(base, r, ch);
+      const int64_t k0 = int64_t(ch) * 8;
+      if (r >= rows || k0 >= dim) {
+        st_shared_zero16(dst);
+        continue;
+      }
+      const int64_t code = residual_code(row0 + r);
+      const bool ok = code >= 0 && code < res.n_centroids;
+      cp_async_16(dst, cents + (ok ? code : 0) * dim + k0);
+      if (ch == 0) {
+        const uint32_t flag = base + uint32_t(kTileBytes + BN * (4 + kResidualRowBytes) + 4 * r);
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(flag), "r"(ok ? 1u : 0u));
+      }
+    }
+    load_rows<1, BN, kResidualRowBytes, kThreads, NoSwizzle>(base + uint32_t(kTileBytes + BN * 4), docs, row0,
+                                                             rows, 0, res_bytes, gran);
+  }
+
+  // The tile's rows [0, rows): bucket weights added in place, each row's scale written. A
+  // row is decoded by kThreads / BN threads (at least one), reduced by shuffles.
+  __device__ __forceinline__ void decode_residual(int stage, int rows) const {
+    constexpr int TPR = kThreads >= BN ? kThreads / BN : 1, RP = kThreads / TPR;
+    static_assert(32 % TPR == 0, "a row's threads share a warp");
+    const uint32_t base = stage_addr(stage);
+    const uint32_t scales = base + uint32_t(kTileBytes), bytes = scales + uint32_t(BN * 4);
+    const uint32_t flags = bytes + uint32_t(BN * kResidualRowBytes);
+    const float* w = reinterpret_cast<const float*>(tiles + kStages * stage_bytes());
+    const int nbits = res.nbits, nch = int(dim / 8);
+    const int part = threadIdx.x % TPR;
+#pragma unroll 1
+    for (int r0 = 0; r0 < BN; r0 += RP) {
+      const int r = r0 + threadIdx.x / TPR;
+      float ss = 0.f;
+      if (r < rows) {
+        for (int ch = part; ch < nch; ch += TPR) {
+          const uint32_t addr = swizzled<T, KD>(base, r, ch);
+          uint4 v = ld_shared_v4(addr);
+          const uint32_t src = bytes + uint32_t(r * kResidualRowBytes + ch * nbits);
+          uint32_t bits = 0;
+          for (int b = 0; b < nbits; ++b) bits |= ld_shared_u8(src + b) << (24 - 8 * b);
+          ss += decode_residual_chunk<T>(v, bits, nbits, w);
+          st_shared_v4(addr, v);
+        }
+      }
+#pragma unroll
+      for (int o = TPR / 2; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      if (part == 0) {
+        float scale = 0.f;
+        if (r < rows) {
+          const bool ok = ld_shared_u32(flags + 4u * uint32_t(r)) != 0u;
+          scale = !ok ? __int_as_float(0x7fc00000) : (res.normalize ? 1.f / fmaxf(sqrtf(ss), 1e-12f) : 1.f);
+        }
+        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(scales + 4u * uint32_t(r)), "f"(scale));
+      }
+    }
+  }
+
   __device__ __forceinline__ uint32_t stage_addr(int stage) const {
     return smem_addr(tiles + size_t(stage) * stage_bytes());
   }
 
   // Producer: document rows [row0, row0 + rows) into stage `stage` (zero-filled beyond).
   __device__ __forceinline__ void load_tile(int stage, const DocT* docs, int64_t row0, int rows) const {
-    if constexpr (kCompressed) {
+    if constexpr (kResidual) {
+      load_residual_tile(stage_addr(stage), docs, row0, rows);
+    } else if constexpr (kCompressed) {
       const uint32_t base = stage_addr(stage);
       load_rows<1, BN, KD, kThreads, Swz>(base, docs, row0, rows, 0, dim, gran);
       load_scales<BN, kThreads>(base + uint32_t(BN * KD), doc_scales, row0, rows);
@@ -300,6 +401,10 @@ struct MmaMainloop {
                                           bool with_index) {
     float acc[MT][NT][4];
     zero_acc(acc);
+    if constexpr (kResidual) {
+      decode_residual(stage, cols_valid);
+      __syncthreads();  // every row decoded before any warp reads the tile
+    }
     if constexpr (kCompressed) {
       compute_compressed(acc, stage);
     } else {
@@ -311,6 +416,7 @@ struct MmaMainloop {
         const auto a = [&](int mt) -> const uint32_t(&)[4] { return qa[mt][ks]; };
         mma_kstep<T, KD>(acc, a, bf, ks);
       }
+      if constexpr (kResidual) scale_columns<F>(acc, stage_addr(stage) + uint32_t(kTileBytes), wn * NTW + 2 * (lane % 4));
     }
     row_max.fold(acc, lane, wn, cols_valid, col_base, with_index);
   }

@@ -109,7 +109,7 @@ def unpack_buckets(residuals: torch.Tensor, nbits: int) -> torch.Tensor:
     """Packed residual bytes [..., D * nbits / 8] -> bucket ids [..., D] (int64)."""
     shifts = torch.arange(7, -1, -1, device=residuals.device, dtype=torch.uint8)
     bits = (residuals.unsqueeze(-1) >> shifts) & 1  # the byte's bits, most significant first
-    bits = bits.reshape(*residuals.shape[:-1], -1, nbits).to(torch.int64)
+    bits = bits.reshape(*residuals.shape[:-1], residuals.shape[-1] * 8 // nbits, nbits).to(torch.int64)
     weights = torch.tensor([1 << j for j in range(nbits)], device=residuals.device)
     return (bits * weights).sum(-1)
 
@@ -118,7 +118,7 @@ def pack_buckets(buckets: torch.Tensor, nbits: int) -> torch.Tensor:
     """Bucket ids [..., D] (each < 2**nbits) -> packed bytes [..., D * nbits / 8] uint8."""
     b = buckets.to(torch.int64)
     bits = (b.unsqueeze(-1) >> torch.arange(nbits, device=b.device)) & 1  # lowest bit first
-    bits = bits.reshape(*b.shape[:-1], -1, 8)
+    bits = bits.reshape(*b.shape[:-1], b.shape[-1] * nbits // 8, 8)
     weights = torch.tensor([1 << (7 - i) for i in range(8)], device=b.device)
     return (bits * weights).sum(-1).to(torch.uint8)
 
@@ -179,7 +179,10 @@ def compress_residuals(embeddings: torch.Tensor, codec: ResidualCodec, bucket_cu
         raise ValueError(f"bucket_cutoffs must be a tensor of 2**nbits - 1 = {(1 << codec.nbits) - 1} entries")
     x = embeddings.float().reshape(-1, codec.dim)
     cents = codec.centroids.float()
-    codes = (x @ cents.T).argmax(dim=-1) if x.shape[0] else torch.zeros(0, dtype=torch.int64, device=x.device)
+    # nearest centroids a block of rows at a time: [rows, n_centroids] scores stay small
+    step = max(1, (1 << 24) // max(cents.shape[0], 1))
+    codes = torch.cat([(x[i:i + step] @ cents.T).argmax(dim=-1) for i in range(0, x.shape[0], step)]) \
+        if x.shape[0] else torch.zeros(0, dtype=torch.int64, device=x.device)
     buckets = torch.bucketize(x - cents[codes], bucket_cutoffs.float().to(x.device))
     residuals = pack_buckets(buckets, codec.nbits)
     shape = embeddings.shape[:-1]
