@@ -90,7 +90,11 @@ cudaError_t launch_forward(const ForwardParams& p) {
 
 cudaError_t launch_backward(const BackwardParams& p) {
   if (p.pairs <= 0) return cudaSuccess;
-  if (p.doc_format == DocFormat::kResidual) return cudaErrorInvalidValue;  // ops.cpp refuses it first
+  if (p.doc_format == DocFormat::kResidual) {
+    if (p.dtype == DType::kF16) return kernel::launch_backward_residual<__half>(p);
+    if (p.dtype == DType::kBF16) return kernel::launch_backward_residual<__nv_bfloat16>(p);
+    return cudaErrorInvalidValue;  // ops.cpp refuses other query dtypes first
+  }
   if (p.doc_format == DocFormat::kInt8) return backward_compressed<DocFormat::kInt8>(p);
   if (p.doc_format == DocFormat::kE4M3) return backward_compressed<DocFormat::kE4M3>(p);
   switch (p.dtype) {

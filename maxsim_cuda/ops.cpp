@@ -144,12 +144,6 @@ ResidualRef residual_ref(const at::Tensor& q, const at::Tensor& d, const Documen
   return r;
 }
 
-// The query gradient of residual documents has no CUDA kernel yet.
-void refuse_residual_backward(const DocumentStorage& st) {
-  TORCH_CHECK_NOT_IMPLEMENTED(!st.residual(), "maxsim: the query gradient of residual documents is not implemented "
-                              "on CUDA yet; use the CPU for *_train with residual documents");
-}
-
 void check_launch(cudaError_t err) {
   TORCH_CHECK(err == cudaSuccess, "maxsim CUDA launch failed: ", cudaGetErrorString(err));
 }
@@ -408,7 +402,6 @@ std::tuple<at::Tensor, at::Tensor> padded_backward(const at::Tensor& grad_scores
                                                    bool need_grad_queries, bool need_grad_documents,
     const maxsim_storage::DocumentStorage& storage) {
   check_no_document_gradient(storage, need_grad_documents);
-  refuse_residual_backward(storage);
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<BackwardParams>(
       padded_problem(queries, documents, query_lengths, doc_lengths, storage));
@@ -424,7 +417,6 @@ std::tuple<at::Tensor, at::Tensor> contrastive_backward(const at::Tensor& grad_s
                                                         bool need_grad_documents,
     const maxsim_storage::DocumentStorage& storage) {
   check_no_document_gradient(storage, need_grad_documents);
-  refuse_residual_backward(storage);
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<BackwardParams>(
       contrastive_problem(queries, documents, document_offsets, query_lengths, storage));
@@ -439,7 +431,6 @@ std::tuple<at::Tensor, at::Tensor> contrastive_padded_backward(
     const at::Tensor& argmax, bool need_grad_queries, bool need_grad_documents,
     const maxsim_storage::DocumentStorage& storage) {
   check_no_document_gradient(storage, need_grad_documents);
-  refuse_residual_backward(storage);
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<BackwardParams>(
       contrastive_padded_problem(queries, documents, document_lengths, query_lengths, storage));
@@ -455,7 +446,6 @@ std::tuple<at::Tensor, at::Tensor> packed_backward(
     const at::Tensor& document_pair_offsets, bool need_grad_queries, bool need_grad_documents,
     const maxsim_storage::DocumentStorage& storage) {
   check_no_document_gradient(storage, need_grad_documents);
-  refuse_residual_backward(storage);
   const c10::cuda::CUDAGuard guard(queries.device());
   auto p = with_problem<BackwardParams>(
       packed_problem(queries, query_offsets, documents, document_offsets, pair_query_ids, pair_document_ids,

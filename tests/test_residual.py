@@ -176,8 +176,8 @@ def test_dims_centroid_types_and_normalize(device, dim, normalize, centroid_dtyp
 @pytest.mark.parametrize("surface", SURFACES)
 def test_query_gradient(device, surface, query_dtype, rng):
     ms, dev = residual_backends(device)
-    if dev.type == "cuda":
-        pytest.skip("the CUDA query gradient of residual documents is not implemented yet")
+    if not fused_on(dev, query_dtype):
+        pytest.skip("CUDA scores residual documents with 16-bit queries")
     case = make_case(surface, rng, n=4, Lq=9, Ld=50, D=64, device=dev)
     run, storage, expect = encode(ms, case, rng, 2, query_dtype=query_dtype)
     q = run.queries.detach().clone().requires_grad_()
@@ -319,6 +319,25 @@ def test_cuda_limits(device, rng):
     f32 = ms.ResidualCodec(codec.centroids.float(), codec.bucket_weights, 2)
     with pytest.raises(NotImplementedError, match="centroids of the queries' dtype"):
         call(ms, run, dict(storage, residual_codec=f32))
-    q = run.queries.detach().clone().requires_grad_()
-    with pytest.raises(NotImplementedError, match="query gradient of residual documents"):
-        call(ms, dataclasses.replace(run, queries=q), storage, "_train").sum().backward()
+
+
+def test_cuda_graph_capture(device, rng):
+    """No host sync on the residual path: a captured call replays to the eager result."""
+    ms, dev = device
+    if dev.type != "cuda":
+        pytest.skip("CUDA only")
+    case = make_case("packed", rng, n=5, Lq=9, Ld=60, D=64, device=dev)
+    run, storage, _ = encode(ms, case, rng, 2)
+    eager = call(ms, run, storage)
+    kw = dict(run.kwargs(), max_q_len=run.argmax_width)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        getattr(ms, run.fn)(*run.args(), **kw, **storage)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = getattr(ms, run.fn)(*run.args(), **kw, **storage)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)

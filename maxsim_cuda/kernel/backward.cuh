@@ -24,7 +24,7 @@ cudaError_t run_grad_documents(const BackwardParams& p, BwdArgs<T, Acc>& a);
 // so only grad_queries is instantiated for them.
 template <class T, class Acc, int SURF, DocFormat F = DocFormat::kNative>
 cudaError_t run_backward(const BackwardParams& p) {
-  constexpr bool kCompressed = is_compressed<F>();
+  constexpr bool kCompressed = is_compressed<F>() || F == DocFormat::kResidual;
   BwdArgs<T, Acc> a;
   a.g = static_cast<const Acc*>(p.grad_scores);
   a.q = static_cast<const T*>(p.queries);
@@ -54,6 +54,7 @@ cudaError_t run_backward(const BackwardParams& p) {
   a.qpo = IndexView(p.query_pair_offsets);
   a.pbd = IndexView(p.pairs_by_document);
   a.dpo = IndexView(p.document_pair_offsets);
+  a.res = p.residual;
 
   if (p.grad_queries != nullptr) {
     const int64_t rows = SURF == 2 ? a.nq * a.W : a.nq * a.Lq;
@@ -114,6 +115,12 @@ cudaError_t launch_backward_compressed(const BackwardParams& p) {
     case Surface::kContrastivePadded: return run_backward<T, float, 3, F>(p);
     default: return run_backward<T, float, 2, F>(p);
   }
+}
+
+// Residual documents: grad_queries with each winning row decoded on the fly (16-bit queries).
+template <class T>
+cudaError_t launch_backward_residual(const BackwardParams& p) {
+  return launch_backward_compressed<T, DocFormat::kResidual>(p);
 }
 
 template <class T, class Acc>

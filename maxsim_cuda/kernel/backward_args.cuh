@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "../launch.h"
 #include "policies.cuh"
 
 namespace maxsim_cuda {
@@ -22,6 +23,7 @@ struct BwdArgs {
   int64_t dim, W, pairs, q_rows, d_rows;
   int64_t nq, nd, C, Lq, Ld;  // nq: B / Nq / Nq / Nq; nd: B*C / Nb / Nd / Nb
   int rows_per_cta;           // R of grad_documents_kernel, <= kDRows
+  ResidualRef res;            // residual documents (d_bytes: their packed bucket ids)
   IndexView qlens, dlens, qoffs, doffs, pqids, pdids, pbq, qpo, pbd, dpo;
 };
 

@@ -3,7 +3,9 @@
 // pairs_by_query / query_pair_offsets): kQSlots interleaved running sums in pair order,
 // added in a fixed tree at the end. Compressed documents (F, doc_format.cuh): the weight is
 // g_p * scale[row] and the row's bytes are widened to their exact values,
-// grad_q[i] += (g_p * scale[a_i]) * v[a_i]. Torch-free.
+// grad_q[i] += (g_p * scale[a_i]) * v[a_i]. Residual documents: the row is decoded as the
+// forward decodes it (centroid + bucket weights, rounded to T), the weight is g_p / ||row||.
+// Torch-free.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +16,52 @@
 
 namespace maxsim_cuda {
 namespace kernel {
+
+// ---- residual rows (DocFormat::kResidual; see doc_format.cuh) ----
+
+template <class T, class Acc>
+__device__ __forceinline__ bool residual_code_of(const BwdArgs<T, Acc>& a, int64_t row, int64_t& code) {
+  code = a.res.codes_is64 ? __ldg(static_cast<const long long*>(a.res.codes) + row)
+                          : int64_t(__ldg(static_cast<const int*>(a.res.codes) + row));
+  return code >= 0 && code < a.res.n_centroids;
+}
+
+__device__ __forceinline__ float residual_weight(const ResidualRef& r, uint32_t bucket) {
+  return r.weights_dtype == 1   ? __half2float(static_cast<const __half*>(r.weights)[bucket])
+         : r.weights_dtype == 2 ? __bfloat162float(static_cast<const __nv_bfloat16*>(r.weights)[bucket])
+                                : __ldg(static_cast<const float*>(r.weights) + bucket);
+}
+
+// Elements [e, e + 8) of decoded row `row` (code valid, e a multiple of 8, e < dim).
+template <class T, class Acc>
+__device__ __forceinline__ uint4 residual_chunk(const BwdArgs<T, Acc>& a, int64_t row, int64_t code, int64_t e) {
+  uint4 v = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(a.res.centroids) + code * a.dim + e));
+  const int nbits = a.res.nbits;
+  const uint8_t* src = a.d_bytes + row * (a.dim * nbits / 8) + e * nbits / 8;
+  uint32_t bits = 0;
+  for (int b = 0; b < nbits; ++b) bits |= uint32_t(__ldg(src + b)) << (24 - 8 * b);
+  T* el = reinterpret_cast<T*>(&v);
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    el[j] = float_to_half<T>(half_to_float(el[j]) + residual_weight(a.res, residual_bucket(bits, j, nbits)));
+  return v;
+}
+
+// 1 / max(||row||, 1e-12) of the decoded row (1 without normalising; NaN for a bad code).
+template <class T, class Acc>
+__device__ __forceinline__ float residual_factor(const BwdArgs<T, Acc>& a, int64_t row) {
+  int64_t code;
+  if (!residual_code_of(a, row, code)) return __int_as_float(0x7fc00000);
+  if (!a.res.normalize) return 1.f;
+  float ss = 0.f;
+  for (int64_t e = 0; e < a.dim; e += 8) {
+    const uint4 v = residual_chunk(a, row, code, e);
+    const T* el = reinterpret_cast<const T*>(&v);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ss = fmaf(half_to_float(el[j]), half_to_float(el[j]), ss);
+  }
+  return 1.f / fmaxf(sqrtf(ss), 1e-12f);
+}
 
 // For query row (query `qq`, row i) and its k-th pair: weight and the document row to
 // gather (-1 when the entry contributes nothing).
@@ -62,6 +110,8 @@ struct QuerySide {
     row = ok ? drow0 + am : -1;
     if constexpr (is_compressed<F>()) {
       w = ok ? gw * Acc(__ldg(a.d_scales + row)) : Acc(0);
+    } else if constexpr (F == DocFormat::kResidual) {
+      w = ok ? gw * Acc(residual_factor(a, row)) : Acc(0);
     } else {
       w = ok ? gw : Acc(0);
     }
@@ -134,9 +184,35 @@ struct RowBytes {
   }
 };
 
+// kQCols decoded values of a residual row (16-bit T; kQCols a multiple of 8, dim too).
+template <class T>
+struct RowResidual {
+  static constexpr int kVecs = kQCols * sizeof(T) / 16;
+  uint4 v[kVecs];
+  template <class Acc>
+  __device__ __forceinline__ void load(const BwdArgs<T, Acc>& a, int64_t row, int64_t e) {
+    int64_t code;
+    const bool ok = residual_code_of(a, row, code);
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      const int64_t ek = e + k * 8;
+      v[k] = ok && ek < a.dim ? residual_chunk(a, row, code, ek) : make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) v[k] = make_uint4(0u, 0u, 0u, 0u);
+  }
+  template <class Acc>
+  __device__ __forceinline__ Acc at(int k) const {
+    return to_acc<Acc>(reinterpret_cast<const T*>(v)[k]);
+  }
+};
+
 template <int SURF, class T, class Acc, DocFormat F = DocFormat::kNative>
 __global__ void __launch_bounds__(kQWarps * 32, 4) grad_queries_kernel(const BwdArgs<T, Acc> a, int64_t rows) {
-  using Row = std::conditional_t<is_compressed<F>(), RowBytes<F>, RowSlice<T>>;
+  using Row = std::conditional_t<F == DocFormat::kResidual, RowResidual<T>,
+                                 std::conditional_t<is_compressed<F>(), RowBytes<F>, RowSlice<T>>>;
   using DocT = DocElem<T, F>;
   const int lane = threadIdx.x % 32;
   const int64_t row = int64_t(blockIdx.x) * kQWarps + threadIdx.x / 32;
@@ -173,7 +249,7 @@ __global__ void __launch_bounds__(kQWarps * 32, 4) grad_queries_kernel(const Bwd
   T* out = a.grad_q + out_row * a.dim;
   const int slot = lane / kQLanes, cgroup = lane % kQLanes;
   const DocT* docs;
-  if constexpr (is_compressed<F>()) {
+  if constexpr (is_compressed<F>() || F == DocFormat::kResidual) {
     docs = a.d_bytes;
   } else {
     docs = a.d;
@@ -203,7 +279,11 @@ __global__ void __launch_bounds__(kQWarps * 32, 4) grad_queries_kernel(const Bwd
           const int pl = (g0 + u) * kQSlots + slot;
           const int64_t row = __shfl_sync(0xffffffffu, my_row, pl);
           if (pl < n && row >= 0) {
-            x[u].load(docs + row * a.dim, e, a.dim, vec_ok);
+            if constexpr (F == DocFormat::kResidual) {
+              x[u].load(a, row, e);
+            } else {
+              x[u].load(docs + row * a.dim, e, a.dim, vec_ok);
+            }
           } else {
             x[u].zero();
           }

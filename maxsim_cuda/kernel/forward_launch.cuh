@@ -22,5 +22,7 @@ template <class T, class Acc>
 cudaError_t launch_backward_typed(const BackwardParams& p);
 template <class T, DocFormat F>
 cudaError_t launch_backward_compressed(const BackwardParams& p);
+template <class T>
+cudaError_t launch_backward_residual(const BackwardParams& p);
 }  // namespace kernel
 }  // namespace maxsim_cuda
