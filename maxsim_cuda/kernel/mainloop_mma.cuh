@@ -232,25 +232,35 @@ struct MmaMainloop {
   }
 
   // Producer, residual: centroid rows by code into the swizzled 16-bit tile (a code out of
-  // range reads centroid 0 and flags the row), the packed bucket ids beside it.
+  // range reads centroid 0 and flags the row), the packed bucket ids beside it. A thread keeps
+  // one chunk column and reads all its rows' codes before any copy, so the code loads of a
+  // tile overlap (one round trip a tile, not one a row).
   __device__ __forceinline__ void load_residual_tile(uint32_t base, const uint8_t* docs, int64_t row0,
                                                      int rows) const {
-    constexpr int CH = KD / 8;
+    constexpr int CH = KD / 8, RSTEP = kThreads / CH, ITER = BN / RSTEP;
+    static_assert(kThreads % CH == 0 && BN % RSTEP == 0, "a fixed chunk column per thread");
     const T* cents = static_cast<const T*>(res.centroids);
-    for (int c = threadIdx.x; c < BN * CH; c += kThreads) {
-      const int r = c / CH, ch = c % CH;
+    const int ch = threadIdx.x % CH, r0 = threadIdx.x / CH;
+    const int64_t k0 = int64_t(ch) * 8;
+    int64_t code[ITER];
+#pragma unroll
+    for (int it = 0; it < ITER; ++it) {
+      const int r = r0 + it * RSTEP;
+      code[it] = r < rows ? residual_code(row0 + r) : 0;
+    }
+#pragma unroll
+    for (int it = 0; it < ITER; ++it) {
+      const int r = r0 + it * RSTEP;
       const uint32_t dst = swizzled<T, KD>(base, r, ch);
-      const int64_t k0 = int64_t(ch) * 8;
+      const bool ok = code[it] >= 0 && code[it] < res.n_centroids;
       if (r >= rows || k0 >= dim) {
         st_shared_zero16(dst);
-        continue;
+      } else {
+        cp_async_16(dst, cents + (ok ? code[it] : 0) * dim + k0);
       }
-      const int64_t code = residual_code(row0 + r);
-      const bool ok = code >= 0 && code < res.n_centroids;
-      cp_async_16(dst, cents + (ok ? code : 0) * dim + k0);
       if (ch == 0) {
         const uint32_t flag = base + uint32_t(kTileBytes + BN * (4 + kResidualRowBytes) + 4 * r);
-        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(flag), "r"(ok ? 1u : 0u));
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(flag), "r"(ok && r < rows ? 1u : 0u));
       }
     }
     load_rows<1, BN, kResidualRowBytes, kThreads, NoSwizzle>(base + uint32_t(kTileBytes + BN * 4), docs, row0,
@@ -276,9 +286,10 @@ struct MmaMainloop {
         for (int ch = part; ch < nch; ch += TPR) {
           const uint32_t addr = swizzled<T, KD>(base, r, ch);
           uint4 v = ld_shared_v4(addr);
+          // the chunk's nbits bytes, first byte on top: from the aligned word holding them
+          // (rows are 16-byte aligned, a chunk's bytes never cross a word)
           const uint32_t src = bytes + uint32_t(r * kResidualRowBytes + ch * nbits);
-          uint32_t bits = 0;
-          for (int b = 0; b < nbits; ++b) bits |= ld_shared_u8(src + b) << (24 - 8 * b);
+          const uint32_t bits = __byte_perm(ld_shared_u32(src & ~3u), 0u, 0x0123u) << (8u * (src & 3u));
           ss += decode_residual_chunk<T>(v, bits, nbits, w);
           st_shared_v4(addr, v);
         }

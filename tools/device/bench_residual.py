@@ -51,7 +51,7 @@ def main():
 
     ms = kernels.get_local_kernel(ROOT, backend="cuda")
     try:
-        import late_interaction_kernels as lik
+        import late_interaction_kernels.plaid as lik
     except Exception as e:  # noqa: BLE001
         lik = None
         print("late-interaction-kernels not importable:", e)
