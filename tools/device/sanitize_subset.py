@@ -1,11 +1,13 @@
 """A small CUDA workload for compute-sanitizer: every public entry point once, per dtype,
 on ragged inputs with odd sizes (partial tiles), empty segments and a bad pair id, with float
-documents and with int8 / float8 ones; then the
+documents, with int8 / float8 ones and with residual (ColBERTv2) codes including bad codes; then the
 half-precision padded and packed calls again with the sm_90a kernel forced on them (by
 default it takes only long documents or dim > 128), in both of its padded shapes.
 
     compute-sanitizer --tool memcheck  python3 tools/device/sanitize_subset.py
     compute-sanitizer --tool racecheck python3 tools/device/sanitize_subset.py
+
+SANITIZE_PARTS=residual (comma-separated: float, compressed, residual, hopper) runs only those.
 """
 import os
 from pathlib import Path
@@ -92,15 +94,67 @@ def compressed_entry_points(dtype, dim, fmt):
     out[:6].sum().backward()
 
 
+def residual_entry_points(dtype, dim, nbits):
+    """Every surface with residual documents, query gradients, codes out of range (NaN, no
+    access past the centroids)."""
+    n_cent = 19
+    codec = maxsim.ResidualCodec(rand(n_cent, dim, dtype=dtype), rand(1 << nbits, dtype=torch.float32), nbits)
+    rb = dim * nbits // 8
+
+    def codes_and_bits(*tokens):
+        codes = torch.randint(0, n_cent, tokens, generator=gen).to(dev)
+        flat = codes.view(-1)
+        if flat.numel() > 3:
+            flat[1], flat[-1] = n_cent, -7  # out of range both ways
+        return codes, torch.randint(0, 256, (*tokens, rb), generator=gen).to(torch.uint8).to(dev)
+
+    b, c, lq, ld = 3, 5, 37, 141
+    q = rand(b, lq, dim, dtype=dtype).requires_grad_()
+    codes, bits = codes_and_bits(b, c, ld)
+    ql = torch.tensor([lq, 0, 17], device=dev)
+    dl = torch.randint(0, ld + 1, (b, c), generator=gen).to(dev)
+    dl[0, 0] = 0
+    kw = {"document_codes": codes, "residual_codec": codec}
+    maxsim.score_candidates_padded_with_argmax(q, bits, ql, dl, **kw)
+    maxsim.score_candidates_padded_train(q, bits, ql, dl, **kw).sum().backward()
+    doc_lens = torch.tensor([0, 5, 141, 64, 1])
+    offs = torch.cat([torch.zeros(1, dtype=torch.long), doc_lens.cumsum(0)]).to(dev)
+    dcodes, dbits = codes_and_bits(int(doc_lens.sum()))
+    dkw = {"document_codes": dcodes.int(), "residual_codec": codec}
+    cq = rand(4, lq, dim, dtype=dtype).requires_grad_()
+    cql = torch.tensor([lq, 1, 0, 20], device=dev)
+    maxsim.score_contrastive_train(cq, dbits, offs, query_lengths=cql, **dkw).sum().backward()
+    pcodes, pbits = codes_and_bits(5, ld)
+    plens = torch.tensor([0, 5, ld, 64, 1], device=dev, dtype=torch.int32)
+    maxsim.score_contrastive_padded_train(cq, pbits, plens, query_lengths=cql, document_codes=pcodes,
+                                          residual_codec=codec).sum().backward()
+    q_lens = torch.tensor([7, 0, 300, 33])
+    qoffs = torch.cat([torch.zeros(1, dtype=torch.long), q_lens.cumsum(0)]).to(dev)
+    pq_tok = rand(int(q_lens.sum()), dim, dtype=dtype).requires_grad_()
+    pq = torch.tensor([0, 1, 2, 3, 2, 0, 3], device=dev, dtype=torch.int32)
+    pd = torch.tensor([1, 2, 2, 0, 4, 3, 99], device=dev, dtype=torch.int32)  # 99: out of range
+    out = maxsim.score_pairs_packed_train(pq_tok, qoffs, dbits, offs, pq, pd, max_q_len=300, **dkw)
+    assert torch.isnan(out[6]), out
+    out[:6].sum().backward()
+
+
+parts = set(os.environ.get("SANITIZE_PARTS", "float,compressed,residual,hopper").split(","))
 for dtype in (torch.float16, torch.bfloat16, torch.float32):
     for dim in (3, 128, 300):
-        every_entry_point(dtype, dim)
-        for fmt in ("int8", "float8_e4m3fn"):
-            compressed_entry_points(dtype, dim, fmt)
-os.environ.update(MAXSIM_CUDA_HOPPER_PADDED="1", MAXSIM_CUDA_HOPPER_PACKED="1")
-for ctas in ("2", "1"):
-    os.environ["MAXSIM_CUDA_HOPPER_PADDED_CTAS"] = ctas
+        if "float" in parts:
+            every_entry_point(dtype, dim)
+        if "compressed" in parts:
+            for fmt in ("int8", "float8_e4m3fn"):
+                compressed_entry_points(dtype, dim, fmt)
+if "residual" in parts:
     for dtype in (torch.float16, torch.bfloat16):
-        every_entry_point(dtype, 128)
+        for dim, nbits in ((8, 1), (64, 4), (128, 2), (256, 2)):
+            residual_entry_points(dtype, dim, nbits)
+if "hopper" in parts:
+    os.environ.update(MAXSIM_CUDA_HOPPER_PADDED="1", MAXSIM_CUDA_HOPPER_PACKED="1")
+    for ctas in ("2", "1"):
+        os.environ["MAXSIM_CUDA_HOPPER_PADDED_CTAS"] = ctas
+        for dtype in (torch.float16, torch.bfloat16):
+            every_entry_point(dtype, 128)
 torch.cuda.synchronize()
 print("sanitize subset done")
