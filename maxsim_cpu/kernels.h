@@ -544,4 +544,64 @@ struct PackedOwners {
   bool tiles_output() const { return false; }
 };
 
+// ---------------------------------------------------------------------------------
+// PLAID's centroid-only score: score(q, d) = sum_{i < qlen} max_j table[q, code_j, i], with
+// table [Nq, n_centroids, Lq] = the query tokens' similarities to every centroid (computed
+// once per query by the caller). Pairs are every query x every document (pair_query_ids
+// null) or listed. A pair whose ids or offsets are out of range scores NaN; a code out of range
+// makes its token's similarities NaN (the op refuses such codes first where it reads values).
+struct CentroidPairs {
+  int64_t Nq, Nb;
+  IndexView query_lengths;  // data null: Lq each
+  IndexView offsets;        // [Nb + 1] into codes
+  IndexView pair_query_ids, pair_document_ids;  // data null: every query x every document
+  int64_t num_pairs() const { return pair_query_ids.data ? pair_query_ids.size : Nq * Nb; }
+};
+
+template <class ParallelFor>
+void centroid_scores(const CentroidPairs& pol, const float* table, int64_t n_centroids, int64_t Lq,
+                     IndexView codes, float* scores, ParallelFor&& parallel_for) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  parallel_for(int64_t(0), pol.num_pairs(), int64_t(16), [&](int64_t begin, int64_t end) {
+    std::vector<float> best(size_t(std::max<int64_t>(Lq, 1)));
+    for (int64_t p = begin; p < end; ++p) {
+      int64_t q = p / std::max<int64_t>(pol.Nb, 1), n = p % std::max<int64_t>(pol.Nb, 1);
+      if (pol.pair_query_ids.data) {
+        q = pol.pair_query_ids[p];
+        n = pol.pair_document_ids[p];
+        if (q < 0 || q >= pol.Nq || n < 0 || n >= pol.Nb) {
+          scores[p] = nan;
+          continue;
+        }
+      }
+      const int64_t s = pol.offsets[n], e = pol.offsets[n + 1];
+      if (!(0 <= s && s <= e && e <= codes.size)) {
+        scores[p] = nan;
+        continue;
+      }
+      const int64_t qlen = pol.query_lengths.data ? clamp_len(pol.query_lengths[q], Lq) : Lq;
+      if (qlen == 0 || e == s) {
+        scores[p] = qlen == 0 ? 0.f : -inf;
+        continue;
+      }
+      std::fill(best.begin(), best.begin() + qlen, -inf);
+      for (int64_t j = s; j < e; ++j) {
+        const int64_t c = codes[j];
+        if (c < 0 || c >= n_centroids) {
+          std::fill(best.begin(), best.begin() + qlen, nan);
+          break;
+        }
+        const float* row = table + (q * n_centroids + c) * Lq;
+        for (int64_t i = 0; i < qlen; ++i) {
+          const float x = row[i];
+          if (x > best[size_t(i)] || (std::isnan(x) && !std::isnan(best[size_t(i)]))) best[size_t(i)] = x;
+        }
+      }
+      float total = 0.f;
+      for (int64_t i = 0; i < qlen; ++i) total += best[size_t(i)];
+      scores[p] = total;
+    }
+  });
+}
+
 }  // namespace maxsim_cpu

@@ -386,4 +386,33 @@ std::tuple<at::Tensor, at::Tensor> packed_backward(
                       need_grad_documents, storage);
 }
 
+at::Tensor centroid_forward(const at::Tensor& table, const at::Tensor& document_codes,
+                            const at::Tensor& document_offsets, const std::optional<at::Tensor>& query_lengths,
+                            const std::optional<at::Tensor>& pair_query_ids,
+                            const std::optional<at::Tensor>& pair_document_ids) {
+  TORCH_CHECK(table.device().is_cpu() && table.is_contiguous() && table.scalar_type() == at::kFloat &&
+                  table.dim() == 3,
+              "maxsim_cpu: the centroid table must be contiguous float32 [Nq, n_centroids, Lq]");
+  const int64_t Nq = table.size(0), n_centroids = table.size(1), Lq = table.size(2);
+  CentroidPairs pol{};
+  pol.Nq = Nq;
+  pol.offsets = index_view(document_offsets, "document_offsets", -1);
+  TORCH_CHECK(pol.offsets.size >= 1, "maxsim_cpu: document_offsets needs Nb + 1 >= 1 entries");
+  pol.Nb = pol.offsets.size - 1;
+  if (query_lengths.has_value()) pol.query_lengths = index_view(*query_lengths, "query_lengths", Nq);
+  TORCH_CHECK(pair_query_ids.has_value() == pair_document_ids.has_value(),
+              "maxsim_cpu: pair_query_ids and pair_document_ids go together");
+  std::vector<int64_t> shape{Nq, pol.Nb};
+  if (pair_query_ids.has_value()) {
+    pol.pair_query_ids = index_view(*pair_query_ids, "pair_query_ids", -1);
+    pol.pair_document_ids = index_view(*pair_document_ids, "pair_document_ids", pol.pair_query_ids.size);
+    shape = {pol.pair_query_ids.size};
+  }
+  const IndexView codes = index_view(document_codes, "document_codes", -1);
+  at::Tensor scores = at::empty(shape, table.options());
+  if (pol.num_pairs() > 0)
+    centroid_scores(pol, table.data_ptr<float>(), n_centroids, Lq, codes, scores.data_ptr<float>(), AtParallelFor{});
+  return scores;
+}
+
 }  // namespace maxsim_cpu

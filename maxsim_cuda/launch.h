@@ -98,6 +98,19 @@ struct BackwardParams : Problem {
   IndexRef pairs_by_query, query_pair_offsets, pairs_by_document, document_pair_offsets;
 };
 
+// PLAID's centroid-only score: scores[p] = sum_{i < qlen} max_j table[q, codes[j], i] over the
+// document's codes, table [Nq, n_centroids, Lq] float32. Pairs: every query x every document
+// (pair ids absent) or listed. Bad ids / offsets score NaN, a bad code makes its token NaN.
+struct CentroidParams {
+  const float* table = nullptr;
+  int64_t num_queries = 0, n_centroids = 0, lq = 0;
+  IndexRef codes, doc_offsets, query_lengths, pair_query_ids, pair_doc_ids;
+  int64_t num_docs = 0, pairs = 0;
+  float* scores = nullptr;
+  cudaStream_t stream = nullptr;
+};
+cudaError_t launch_centroid_score(const CentroidParams& p);
+
 // Forward: one kernel family; the surface is a policy. Half types run tensor-core
 // (mma.sync) mainloops (query in registers for dim <= 256, K-streamed through shared
 // memory above), fp32/fp64 the SIMT FFMA mainloop.

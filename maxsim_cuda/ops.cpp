@@ -458,4 +458,37 @@ std::tuple<at::Tensor, at::Tensor> packed_backward(
                       false, false);
 }
 
+at::Tensor centroid_forward(const at::Tensor& table, const at::Tensor& document_codes,
+                            const at::Tensor& document_offsets, const std::optional<at::Tensor>& query_lengths,
+                            const std::optional<at::Tensor>& pair_query_ids,
+                            const std::optional<at::Tensor>& pair_document_ids) {
+  TORCH_CHECK(table.is_cuda() && table.is_contiguous() && table.scalar_type() == at::kFloat && table.dim() == 3,
+              "maxsim: the centroid table must be contiguous float32 [Nq, n_centroids, Lq] on CUDA");
+  const c10::cuda::CUDAGuard guard(table.device());
+  CentroidParams p;
+  p.table = table.numel() > 0 ? table.data_ptr<float>() : nullptr;
+  p.num_queries = table.size(0);
+  p.n_centroids = table.size(1);
+  p.lq = table.size(2);
+  p.codes = index_ref(document_codes, table, "document_codes");
+  p.doc_offsets = index_ref(document_offsets, table, "document_offsets");
+  p.num_docs = document_offsets.numel() > 0 ? document_offsets.numel() - 1 : 0;
+  if (query_lengths.has_value()) p.query_lengths = index_ref(*query_lengths, table, "query_lengths");
+  TORCH_CHECK(pair_query_ids.has_value() == pair_document_ids.has_value(),
+              "maxsim: pair_query_ids and pair_document_ids go together");
+  std::vector<int64_t> shape{p.num_queries, p.num_docs};
+  if (pair_query_ids.has_value()) {
+    TORCH_CHECK(pair_query_ids->numel() == pair_document_ids->numel(), "maxsim: pair id tensors differ in length");
+    p.pair_query_ids = index_ref(*pair_query_ids, table, "pair_query_ids");
+    p.pair_doc_ids = index_ref(*pair_document_ids, table, "pair_document_ids");
+    shape = {pair_query_ids->numel()};
+  }
+  at::Tensor scores = at::empty(shape, table.options());
+  p.pairs = scores.numel();
+  p.scores = p.pairs > 0 ? scores.data_ptr<float>() : nullptr;
+  p.stream = c10::cuda::getCurrentCUDAStream().stream();
+  check_launch(launch_centroid_score(p));
+  return scores;
+}
+
 }  // namespace maxsim_cuda

@@ -341,3 +341,63 @@ def test_cuda_graph_capture(device, rng):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, eager)
+
+
+# ---- PLAID's centroid-only score ------------------------------------------------------------
+
+def centroid_case(rng, dev, *, nq=3, lq=11, n_cent=40, dim=32, lens=(0, 5, 70, 33, 1, 12)):
+    q = unit(rng, nq, lq, dim).to(dev)
+    centroids = unit(rng, n_cent, dim).to(dev)
+    lengths = torch.tensor(lens)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).to(dev)
+    codes = torch.randint(0, n_cent, (int(lengths.sum()),), generator=rng).to(dev)
+    return q, centroids, codes, offsets
+
+
+@pytest.mark.parametrize("query_dtype", QUERY_DTYPES, ids=str)
+def test_centroid_score_every_pair(device, query_dtype, rng):
+    ms, dev = residual_backends(device)
+    q, centroids, codes, offsets = centroid_case(rng, dev)
+    q = q.to(query_dtype)
+    ql = torch.tensor([11, 0, 4], device=dev)
+    scores = ms.score_centroids(q, codes, offsets, centroids.to(query_dtype), query_lengths=ql)
+    ref = RES.score_centroids_reference(q.cpu().double(), codes.cpu(), offsets.cpu(),
+                                        centroids.to(query_dtype).cpu().double(), query_lengths=ql.cpu())
+    assert scores.shape == (3, 6) and scores.dtype == torch.float32
+    finite = torch.isfinite(ref)
+    assert torch.equal(torch.isinf(scores.cpu()), torch.isinf(ref))
+    assert (scores.cpu()[:, 0] == float("-inf"))[ql.cpu() > 0].all()   # empty document
+    assert (scores.cpu()[1] == 0).all()                                 # empty query
+    torch.testing.assert_close(scores.cpu().double()[finite], ref[finite], rtol=1e-5, atol=1e-5)
+
+
+def test_centroid_score_pairs_and_bad_inputs(device, rng):
+    ms, dev = residual_backends(device)
+    q, centroids, codes, offsets = centroid_case(rng, dev, lq=45, dim=64)  # 45 > 32: two lane chunks
+    pq = torch.tensor([0, 2, 1, 2, 0], device=dev)
+    pd = torch.tensor([2, 2, 3, 5, 4], device=dev)
+    scores = ms.score_centroids(q, codes, offsets, centroids, pair_query_ids=pq, pair_document_ids=pd)
+    ref = RES.score_centroids_reference(q.cpu().double(), codes.cpu(), offsets.cpu(), centroids.cpu().double(),
+                                        pair_query_ids=pq.cpu(), pair_document_ids=pd.cpu())
+    torch.testing.assert_close(scores.cpu().double(), ref, rtol=1e-5, atol=1e-5)
+    # the same pairs from the every-pair grid
+    grid = ms.score_centroids(q, codes, offsets, centroids)
+    assert torch.equal(grid[pq, pd], scores)
+    bad = codes.clone()
+    bad[7] = centroids.shape[0]
+    bad_pd = pd.clone()
+    bad_pd[1] = 6
+    if dev.type == "cpu":
+        with pytest.raises(ValueError, match=r"document_codes must be in \[0, n_centroids\)"):
+            ms.score_centroids(q, bad, offsets, centroids)
+        with pytest.raises(ValueError, match="pair_document_ids must be in"):
+            ms.score_centroids(q, codes, offsets, centroids, pair_query_ids=pq, pair_document_ids=bad_pd)
+    else:  # no reads out of bounds: NaN for the pairs that meet them
+        out = ms.score_centroids(q, bad, offsets, centroids)
+        assert torch.isnan(out[:, 2]).all() and not torch.isnan(out[:, 3]).any()
+        out = ms.score_centroids(q, codes, offsets, centroids, pair_query_ids=pq, pair_document_ids=bad_pd)
+        assert torch.isnan(out[1]) and not torch.isnan(out[[0, 2, 3, 4]]).any()
+    with pytest.raises(ValueError, match="pair_query_ids and pair_document_ids go together"):
+        ms.score_centroids(q, codes, offsets, centroids, pair_query_ids=pq)
+    with pytest.raises(ValueError, match="centroids must be a float tensor"):
+        ms.score_centroids(q, codes, offsets, centroids[:, :10])

@@ -145,10 +145,17 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "bool need_grad_queries, bool need_grad_documents, Tensor? document_scales=None, Tensor? document_codes=None, "
       "Tensor? centroids=None, Tensor? bucket_weights=None, bool normalize=True) -> (Tensor, Tensor)");
 
+  // PLAID's centroid-only stage (torch-ext/maxsim/_residual.py builds the table).
+  ops.def(
+      "centroid_forward(Tensor table, Tensor document_codes, Tensor document_offsets, "
+      "Tensor? query_lengths, Tensor? pair_query_ids, Tensor? pair_document_ids) -> Tensor");
+
   // Every variant carries the CPU backend, so CPU tensors work next to a GPU build.
   MAXSIM_IMPL_BACKEND(ops, c10::DeviceType::CPU, maxsim_cpu)
+  ops.impl("centroid_forward", c10::DeviceType::CPU, &maxsim_cpu::centroid_forward);
 #if defined(CUDA_KERNEL)
   MAXSIM_IMPL_BACKEND(ops, c10::DeviceType::CUDA, maxsim_cuda)
+  ops.impl("centroid_forward", c10::DeviceType::CUDA, &maxsim_cuda::centroid_forward);
 #endif
 #if defined(METAL_KERNEL)
   MAXSIM_IMPL_BACKEND(ops, c10::DeviceType::MPS, maxsim_metal)

@@ -72,9 +72,21 @@ struct DocumentStorage {
       const maxsim_storage::DocumentStorage& storage);                               \
   }
 
+// PLAID's centroid-only score (CPU and CUDA): table [Nq, n_centroids, Lq] float32 -> scores.
+#define MAXSIM_DECLARE_CENTROIDS(ns)                                                              \
+  namespace ns {                                                                                \
+  at::Tensor centroid_forward(const at::Tensor& table, const at::Tensor& document_codes,          \
+                              const at::Tensor& document_offsets,                                 \
+                              const std::optional<at::Tensor>& query_lengths,                     \
+                              const std::optional<at::Tensor>& pair_query_ids,                    \
+                              const std::optional<at::Tensor>& pair_document_ids);                \
+  }
+
 MAXSIM_DECLARE_BACKEND(maxsim_cpu)
+MAXSIM_DECLARE_CENTROIDS(maxsim_cpu)
 #if defined(CUDA_KERNEL)
 MAXSIM_DECLARE_BACKEND(maxsim_cuda)
+MAXSIM_DECLARE_CENTROIDS(maxsim_cuda)
 #endif
 #if defined(METAL_KERNEL)
 MAXSIM_DECLARE_BACKEND(maxsim_metal)

@@ -109,6 +109,23 @@ def main():
                                                            codec.centroids, w, nbits, max_seqlen_d=Ld))
                 except Exception as e:  # noqa: BLE001
                     row[f"lik_varlen{nbits}_error"] = repr(e)[:200]
+        # PLAID's centroid-only stage: every query against its candidates' codes
+        flat_codes = codes.reshape(-1)
+        offs = torch.arange(0, B * C + 1, device="cuda", dtype=torch.int64) * Ld
+        if B == 1:
+            row["centroid_score_ms"] = graph_time_ms(lambda: ms.score_centroids(q, flat_codes, offs, centroids.half()))
+            if lik is not None:
+                lens = torch.full((C,), Ld, device="cuda", dtype=torch.int64)
+                table = (centroids.half().float() @ q[0].float().T).contiguous()  # [n_centroids, Lq]
+                c2 = codes.reshape(C, Ld)
+                try:
+                    row["lik_plaid_approx_ms"] = graph_time_ms(lambda: lik.plaid_approx_score(table, c2, lens))
+                    row["lik_plaid_approx_with_table_ms"] = graph_time_ms(
+                        lambda: lik.plaid_approx_score((centroids.half().float() @ q[0].float().T), c2, lens))
+                    ours = ms.score_centroids(q, flat_codes, offs, centroids.half())[0]
+                    row["centroid_max_abs_diff_vs_lik"] = float((ours - lik.plaid_approx_score(table, c2, lens)).abs().max())
+                except Exception as e:  # noqa: BLE001
+                    row["lik_plaid_approx_error"] = repr(e)[:200]
         print(json.dumps(row), flush=True)
         results.append(row)
     out = Path(os.environ.get("OUT", "/tmp/out")) / "bench_residual.json"

@@ -12,6 +12,7 @@ with the switches that route those libraries through maxsim (`patch_pylate`, ...
 """
 from . import compat
 from ._api import (
+    score_centroids,
     score_candidates_padded,
     score_candidates_padded_train,
     score_candidates_padded_with_argmax,
@@ -26,7 +27,7 @@ from ._api import (
     score_pairs_packed_with_argmax,
 )
 from ._quantize import dequantize_documents, quantize_documents
-from ._residual import ResidualCodec, compress_residuals, decompress_residuals
+from ._residual import ResidualCodec, compress_residuals, decompress_residuals, score_centroids_reference
 from . import distributed
 from .distributed import gather_documents, score_contrastive_train_global, search_sharded
 from .compat import (
@@ -66,6 +67,8 @@ __all__ = [
     "unpatch_pylate",
     "maxsim_reference",
     "score_candidates_padded",
+    "score_centroids",
+    "score_centroids_reference",
     "score_candidates_padded_backward_reference",
     "score_candidates_padded_reference",
     "score_candidates_padded_train",

@@ -268,3 +268,56 @@ def score_pairs_packed_train(queries, query_offsets, documents, document_offsets
     args = _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids,
                         pair_document_ids, max_q_len, need_width=True, storage=storage)
     return _call(ops.packed_forward, (*args, True, *storage), 0, 2)[0]
+
+
+# ---- PLAID's centroid-only score ---------------------------------------------------------
+
+def score_centroids(queries, document_codes, document_offsets, centroids, *, query_lengths=None,
+                    pair_query_ids=None, pair_document_ids=None):
+    """PLAID's approximate (centroid-only) MaxSim: each document token stands for its centroid.
+
+    queries [Nq, Lq, D], document_codes [total_doc_tokens] (int32 / int64, the residual index's
+    codes), document_offsets [Nb + 1], centroids [n_centroids, D]; optional query_lengths [Nq].
+    Every query against every document -> [Nq, Nb] float32, or, with pair_query_ids and
+    pair_document_ids [P], the listed pairs -> [P]. score = sum_i max_j <q_i, centroids[code_j]>:
+    the [Nq, n_centroids, Lq] table of query-centroid similarities is computed once (float32),
+    then each pair takes a max over its codes per query token; [Lq, Ld] is never formed.
+    """
+    _tensor("queries", queries, "[Nq, Lq, D]")
+    _tensor("centroids", centroids, "[n_centroids, D]")
+    for name, t in (("document_codes", document_codes), ("document_offsets", document_offsets),
+                    ("query_lengths", query_lengths), ("pair_query_ids", pair_query_ids),
+                    ("pair_document_ids", pair_document_ids)):
+        _index(name, t)
+    if queries.dim() != 3 or not queries.is_floating_point():
+        raise ValueError(f"queries must be a float tensor [Nq, Lq, D], got {queries.dtype} of shape "
+                         f"{tuple(queries.shape)}")
+    if centroids.dim() != 2 or not centroids.is_floating_point() or centroids.shape[1] != queries.shape[2]:
+        raise ValueError(f"centroids must be a float tensor [n_centroids, D = {queries.shape[2]}], got "
+                         f"{centroids.dtype} of shape {tuple(centroids.shape)}")
+    for name, t in (("document_codes", document_codes), ("document_offsets", document_offsets)):
+        check.index(name, t, None)
+    if (pair_query_ids is None) != (pair_document_ids is None):
+        raise ValueError("pair_query_ids and pair_document_ids go together")
+    if pair_query_ids is not None:
+        check.index("pair_query_ids", pair_query_ids, None)
+        check.index("pair_document_ids", pair_document_ids, tuple(pair_query_ids.shape))
+    if query_lengths is not None:
+        check.index("query_lengths", query_lengths, (queries.shape[0],))
+    check.same_device(("queries", "document_codes", "document_offsets", "centroids", "query_lengths",
+                       "pair_query_ids", "pair_document_ids"), queries, document_codes, document_offsets,
+                      centroids, query_lengths, pair_query_ids, pair_document_ids)
+    read = check.reads_values(queries)
+    check.offsets("document_offsets", document_offsets, document_codes.shape[0], "document_codes.shape[0]", read)
+    check.ids_in_range("document_codes", document_codes, centroids.shape[0], "n_centroids", read)
+    if pair_query_ids is not None:
+        check.ids_in_range("pair_query_ids", pair_query_ids, queries.shape[0], "number of queries", read)
+        check.ids_in_range("pair_document_ids", pair_document_ids, document_offsets.shape[0] - 1,
+                           "number of documents", read)
+    if query_lengths is not None:
+        check.lengths_in_range("query_lengths", query_lengths, queries.shape[1], "Lq", read)
+    with torch.no_grad():
+        table = torch.matmul(centroids.float(), queries.float().transpose(1, 2)).contiguous()
+    c = lambda t: None if t is None else t.contiguous()  # noqa: E731
+    return ops.centroid_forward(table, document_codes.contiguous(), document_offsets.contiguous(),
+                                c(query_lengths), c(pair_query_ids), c(pair_document_ids))

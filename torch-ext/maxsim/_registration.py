@@ -95,3 +95,10 @@ def _(grad_scores, queries, query_offsets, documents, document_offsets, pair_que
       document_pair_offsets, need_q, need_d, document_scales=None,
       document_codes=None, centroids=None, bucket_weights=None, normalize=True):
     return _grads_like(queries, documents, need_q, need_d)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("centroid_forward"))
+def _(table, document_codes, document_offsets, query_lengths=None, pair_query_ids=None, pair_document_ids=None):
+    if pair_query_ids is not None:
+        return table.new_empty((pair_query_ids.shape[0],))
+    return table.new_empty((table.shape[0], document_offsets.shape[0] - 1))

@@ -187,3 +187,30 @@ def compress_residuals(embeddings: torch.Tensor, codec: ResidualCodec, bucket_cu
     residuals = pack_buckets(buckets, codec.nbits)
     shape = embeddings.shape[:-1]
     return codes.to(torch.int32).reshape(shape), residuals.reshape(*shape, codec.residual_bytes)
+
+
+def score_centroids_reference(queries, document_codes, document_offsets, centroids, *, query_lengths=None,
+                              pair_query_ids=None, pair_document_ids=None):
+    """maxsim.score_centroids in plain PyTorch (float64 for float64 inputs, else float32): a
+    per-pair loop over the decoded centroid tokens, for tests and reading."""
+    acc = torch.float64 if queries.dtype == torch.float64 else torch.float32
+    nq, lq = queries.shape[0], queries.shape[1]
+    offsets = document_offsets.tolist()
+    nb = len(offsets) - 1
+    if pair_query_ids is None:
+        pairs = [(q, n) for q in range(nq) for n in range(nb)]
+    else:
+        pairs = list(zip(pair_query_ids.tolist(), pair_document_ids.tolist()))
+    out = []
+    for q, n in pairs:
+        qlen = lq if query_lengths is None else max(0, min(int(query_lengths[q]), lq))
+        codes = document_codes[offsets[n]:offsets[n + 1]].long()
+        if qlen == 0:
+            out.append(0.0)
+        elif codes.numel() == 0:
+            out.append(float("-inf"))
+        else:
+            sims = queries[q, :qlen].to(acc) @ centroids[codes].to(acc).T
+            out.append(float(sims.max(dim=1).values.sum()))
+    scores = torch.tensor(out, dtype=acc, device=queries.device)
+    return scores if pair_query_ids is not None else scores.reshape(nq, nb)
