@@ -211,10 +211,10 @@ Problem base_problem(Surface surface, const at::Tensor& q, const at::Tensor& d, 
 int64_t segments(const at::Tensor& offsets) { return offsets.numel() > 0 ? offsets.numel() - 1 : 0; }
 
 Problem padded_problem(const at::Tensor& q, const at::Tensor& d, const at::Tensor& query_lengths,
-                       const at::Tensor& doc_lengths, const DocumentStorage& scales) {
+                       const at::Tensor& doc_lengths, const DocumentStorage& st) {
   TORCH_CHECK(q.dim() == 3 && d.dim() == 4, "maxsim: padded expects [B,Lq,D] and [B,C,Ld,D]");
-  TORCH_CHECK(d.size(0) == q.size(0) && (scales.residual() || d.size(3) == q.size(2)), "maxsim: padded shape mismatch");
-  Problem p = base_problem(Surface::kPadded, q, d, scales);
+  TORCH_CHECK(d.size(0) == q.size(0) && (st.residual() || d.size(3) == q.size(2)), "maxsim: padded shape mismatch");
+  Problem p = base_problem(Surface::kPadded, q, d, st);
   p.num_queries = q.size(0);
   p.cands = d.size(1);
   p.num_docs = p.pairs = p.num_queries * p.cands;
@@ -227,10 +227,10 @@ Problem padded_problem(const at::Tensor& q, const at::Tensor& d, const at::Tenso
 
 Problem contrastive_problem(const at::Tensor& q, const at::Tensor& d, const at::Tensor& document_offsets,
                             const std::optional<at::Tensor>& query_lengths,
-                            const DocumentStorage& scales) {
+                            const DocumentStorage& st) {
   TORCH_CHECK(q.dim() == 3 && d.dim() == 2, "maxsim: contrastive expects [Nq,Lq,D] and [T,D]");
-  TORCH_CHECK(scales.residual() || d.size(1) == q.size(2), "maxsim: dim mismatch");
-  Problem p = base_problem(Surface::kContrastive, q, d, scales);
+  TORCH_CHECK(st.residual() || d.size(1) == q.size(2), "maxsim: dim mismatch");
+  Problem p = base_problem(Surface::kContrastive, q, d, st);
   p.num_queries = q.size(0);
   p.num_docs = segments(document_offsets);
   p.lq = q.size(1);
@@ -243,11 +243,11 @@ Problem contrastive_problem(const at::Tensor& q, const at::Tensor& d, const at::
 Problem contrastive_padded_problem(const at::Tensor& q, const at::Tensor& d,
                                    const at::Tensor& document_lengths,
                                    const std::optional<at::Tensor>& query_lengths,
-                                   const DocumentStorage& scales) {
+                                   const DocumentStorage& st) {
   TORCH_CHECK(q.dim() == 3 && d.dim() == 3,
               "maxsim: contrastive_padded expects [Nq,Lq,D] and [Nb,Ld,D]");
-  TORCH_CHECK(scales.residual() || d.size(2) == q.size(2), "maxsim: dim mismatch");
-  Problem p = base_problem(Surface::kContrastivePadded, q, d, scales);
+  TORCH_CHECK(st.residual() || d.size(2) == q.size(2), "maxsim: dim mismatch");
+  Problem p = base_problem(Surface::kContrastivePadded, q, d, st);
   p.num_queries = q.size(0);
   p.num_docs = d.size(0);
   p.lq = q.size(1);
@@ -261,11 +261,11 @@ Problem contrastive_padded_problem(const at::Tensor& q, const at::Tensor& d,
 
 Problem packed_problem(const at::Tensor& q, const at::Tensor& query_offsets, const at::Tensor& d,
                        const at::Tensor& document_offsets, const at::Tensor& pair_query_ids,
-                       const at::Tensor& pair_document_ids, const DocumentStorage& scales) {
+                       const at::Tensor& pair_document_ids, const DocumentStorage& st) {
   TORCH_CHECK(q.dim() == 2 && d.dim() == 2, "maxsim: packed expects [Tq,D] and [Td,D]");
-  TORCH_CHECK(scales.residual() || d.size(1) == q.size(1), "maxsim: dim mismatch");
+  TORCH_CHECK(st.residual() || d.size(1) == q.size(1), "maxsim: dim mismatch");
   TORCH_CHECK(pair_document_ids.numel() == pair_query_ids.numel(), "maxsim: pair id tensors differ in length");
-  Problem p = base_problem(Surface::kPacked, q, d, scales);
+  Problem p = base_problem(Surface::kPacked, q, d, st);
   p.num_queries = segments(query_offsets);
   p.num_docs = segments(document_offsets);
   p.pairs = pair_query_ids.numel();

@@ -184,28 +184,19 @@ struct RowBytes {
   }
 };
 
-// kQCols decoded values of a residual row (16-bit T; kQCols a multiple of 8, dim too).
+// kQCols decoded values of a residual row (16-bit T; kQCols a multiple of 8, dim too): the
+// 16-bit slice, loaded by decoding instead of copying.
 template <class T>
-struct RowResidual {
-  static constexpr int kVecs = kQCols * sizeof(T) / 16;
-  uint4 v[kVecs];
+struct RowResidual : RowSlice<T> {
   template <class Acc>
   __device__ __forceinline__ void load(const BwdArgs<T, Acc>& a, int64_t row, int64_t e) {
     int64_t code;
     const bool ok = residual_code_of(a, row, code);
 #pragma unroll
-    for (int k = 0; k < kVecs; ++k) {
+    for (int k = 0; k < RowSlice<T>::kVecs; ++k) {
       const int64_t ek = e + k * 8;
-      v[k] = ok && ek < a.dim ? residual_chunk(a, row, code, ek) : make_uint4(0u, 0u, 0u, 0u);
+      this->v[k] = ok && ek < a.dim ? residual_chunk(a, row, code, ek) : make_uint4(0u, 0u, 0u, 0u);
     }
-  }
-  __device__ __forceinline__ void zero() {
-#pragma unroll
-    for (int k = 0; k < kVecs; ++k) v[k] = make_uint4(0u, 0u, 0u, 0u);
-  }
-  template <class Acc>
-  __device__ __forceinline__ Acc at(int k) const {
-    return to_acc<Acc>(reinterpret_cast<const T*>(v)[k]);
   }
 };
 

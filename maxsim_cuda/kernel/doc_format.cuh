@@ -91,12 +91,6 @@ __device__ __forceinline__ float decode_residual_chunk(uint4& v, uint32_t bits, 
   return ss;
 }
 
-__device__ __forceinline__ uint32_t ld_shared_u8(uint32_t addr) {
-  uint16_t v;
-  asm volatile("ld.shared.u8 %0, [%1];\n" : "=h"(v) : "r"(addr));
-  return v;
-}
-
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;
   asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
