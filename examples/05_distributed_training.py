@@ -20,6 +20,7 @@ Run on CPUs (gloo) or GPUs (NCCL, one GPU per process), unchanged:
     LOCAL_KERNELS="maxsim/maxsim=$PWD" HF_HUB_OFFLINE=1 torchrun --nproc-per-node 2 examples/05_distributed_training.py
 Without torchrun it runs as a single process (`just example 5`).
 """
+import gc
 import os
 
 import torch
@@ -147,6 +148,12 @@ def main():
         print(f"{world} rank(s), {N} queries each, {world * N} in-batch documents per query: "
               f"loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     if distributed:
+        # DDP's reducer keeps its own reference to the process group. Were it the last one,
+        # the group would die inside the reducer's destructor, which joins gloo's worker
+        # threads while holding the GIL that those threads may need: a hang at exit. Drop
+        # the model first, so that destroy_process_group (which releases the GIL) ends it.
+        del loss_fn, model
+        gc.collect()
         dist.destroy_process_group()
 
 
