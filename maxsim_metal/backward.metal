@@ -24,8 +24,8 @@ using namespace metal;
 template <typename Docs, int kSurface, bool kToQuery>
 inline int entry_hit(Policy<kSurface> pol, Owners own, long o, long row0, long nrows, long j0,
                      long k, long width, long num_pairs, device const int* argmax,
-                     device const float* grad_scores, device const float* document_scales,
-                     thread long& src, thread float& weight) {
+                     device const float* grad_scores, device const typename Docs::element* documents,
+                     thread const DocumentExtras& docx, thread long& src, thread float& weight) {
   // grad_queries: entries (pair t, row j0 + r); grad_documents: entries (pair t, query row i)
   const long per_pair = kToQuery ? long(kMaxsimGradRows) : width;
   const long t = k / per_pair, u = k % per_pair;
@@ -42,7 +42,7 @@ inline int entry_hit(Policy<kSurface> pol, Owners own, long o, long row0, long n
   weight = grad_scores[p];
   if (kToQuery) {
     src = s.drow + a;
-    weight = Docs::scaled(weight, document_scales, src);
+    weight = Docs::scaled(weight, documents, docx, src);
     return int(u);
   }
   if (a < j0 || a >= j0 + kMaxsimGradRows) return -1;
@@ -50,11 +50,11 @@ inline int entry_hit(Policy<kSurface> pol, Owners own, long o, long row0, long n
   return int(a - j0);
 }
 
-// Element idx of the gradient's source rows (documents for grad_queries), widened.
+// Element (row, col) of the gradient's source rows (documents for grad_queries), as float.
 template <typename T, typename Docs, bool kToQuery>
 inline float source_value(device const T* queries, device const typename Docs::element* documents,
-                          long idx) {
-  return kToQuery ? Docs::widen(documents[idx]) : float(queries[idx]);
+                          thread const DocumentExtras& docx, long row, long col) {
+  return kToQuery ? Docs::value(documents, docx, row, col) : float(queries[row * docx.dim + col]);
 }
 
 template <typename T, typename Docs, int kSurface, bool kToQuery>
@@ -71,6 +71,9 @@ kernel void maxsim_backward(constant MaxsimParams& params [[buffer(0)]],
                             device const int* owner_pair_offsets [[buffer(10)]],
                             device T* grad [[buffer(11)]],
                             device const float* document_scales [[buffer(12)]],
+                            device const int* document_codes [[buffer(13)]],
+                            device const uchar* centroids [[buffer(14)]],
+                            device const uchar* bucket_weights [[buffer(15)]],
                             threadgroup float* smem [[threadgroup(0)]],
                             uint2 group [[threadgroup_position_in_grid]],
                             uint tid [[thread_index_in_threadgroup]]) {
@@ -79,6 +82,7 @@ kernel void maxsim_backward(constant MaxsimParams& params [[buffer(0)]],
   const Policy<kSurface> pol = make_policy<kSurface>(params, index0, index1, index2, index3);
   const Owners own = make_owners<kSurface, kToQuery>(params, index0, index1, index2, index3,
                                                      owner_pairs, owner_pair_offsets);
+  const DocumentExtras docx = document_extras(params, document_scales, document_codes, centroids, bucket_weights);
   long row0 = 0, nrows = 0;
   if (!own.rows(o, row0, nrows)) return;  // no rows: the output starts at zero there
   const long width = params.argmax_width, dim = params.dim;
@@ -101,7 +105,7 @@ kernel void maxsim_backward(constant MaxsimParams& params [[buffer(0)]],
         const long k = base + tid;
         const int j = k < entries ? entry_hit<Docs, kSurface, kToQuery>(pol, own, o, row0, nrows, j0, k, width,
                                                                         params.num_pairs, argmax, grad_scores,
-                                                                        document_scales, src, weight)
+                                                                        documents, docx, src, weight)
                                   : -1;
         hit_row[tid] = j;
         hit_src_lo[tid] = as_type<int>(uint(ulong(src) & 0xffffffffUL));
@@ -116,7 +120,7 @@ kernel void maxsim_backward(constant MaxsimParams& params [[buffer(0)]],
             const ulong hi = as_type<uint>(hit_src_hi[h]), lo = as_type<uint>(hit_src_lo[h]);
             const long sr = as_type<long>((hi << 32) | lo);
             acc[jj * kMaxsimGradColumns + tid] +=
-                hit_weight[h] * source_value<T, Docs, kToQuery>(queries, documents, sr * dim + col);
+                hit_weight[h] * source_value<T, Docs, kToQuery>(queries, documents, docx, sr, col);
           }
         threadgroup_barrier(mem_flags::mem_threadgroup);  // the hit slots are rewritten next batch
       }
@@ -135,39 +139,51 @@ kernel void maxsim_backward(constant MaxsimParams& params [[buffer(0)]],
 MAXSIM_BACKWARD(maxsim_grad_queries_padded_float, float, PlainFormat<float>, kMaxsimPadded, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_padded_float_int8, float, Int8Format, kMaxsimPadded, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_padded_float_e4m3fn, float, E4M3Format, kMaxsimPadded, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_padded_float_residual, float, ResidualFormat<float>, kMaxsimPadded, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_padded_half, half, PlainFormat<half>, kMaxsimPadded, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_padded_half_int8, half, Int8Format, kMaxsimPadded, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_padded_half_e4m3fn, half, E4M3Format, kMaxsimPadded, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_padded_half_residual, half, ResidualFormat<half>, kMaxsimPadded, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_padded_bfloat, bfloat, PlainFormat<bfloat>, kMaxsimPadded, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_padded_bfloat_int8, bfloat, Int8Format, kMaxsimPadded, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_padded_bfloat_e4m3fn, bfloat, E4M3Format, kMaxsimPadded, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_padded_bfloat_residual, bfloat, ResidualFormat<bfloat>, kMaxsimPadded, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_float, float, PlainFormat<float>, kMaxsimContrastive, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_float_int8, float, Int8Format, kMaxsimContrastive, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_float_e4m3fn, float, E4M3Format, kMaxsimContrastive, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_float_residual, float, ResidualFormat<float>, kMaxsimContrastive, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_half, half, PlainFormat<half>, kMaxsimContrastive, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_half_int8, half, Int8Format, kMaxsimContrastive, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_half_e4m3fn, half, E4M3Format, kMaxsimContrastive, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_half_residual, half, ResidualFormat<half>, kMaxsimContrastive, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_bfloat, bfloat, PlainFormat<bfloat>, kMaxsimContrastive, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_bfloat_int8, bfloat, Int8Format, kMaxsimContrastive, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_bfloat_e4m3fn, bfloat, E4M3Format, kMaxsimContrastive, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_bfloat_residual, bfloat, ResidualFormat<bfloat>, kMaxsimContrastive, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_padded_float, float, PlainFormat<float>, kMaxsimContrastivePadded, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_padded_float_int8, float, Int8Format, kMaxsimContrastivePadded, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_padded_float_e4m3fn, float, E4M3Format, kMaxsimContrastivePadded, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_padded_float_residual, float, ResidualFormat<float>, kMaxsimContrastivePadded, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_padded_half, half, PlainFormat<half>, kMaxsimContrastivePadded, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_padded_half_int8, half, Int8Format, kMaxsimContrastivePadded, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_padded_half_e4m3fn, half, E4M3Format, kMaxsimContrastivePadded, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_padded_half_residual, half, ResidualFormat<half>, kMaxsimContrastivePadded, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_padded_bfloat, bfloat, PlainFormat<bfloat>, kMaxsimContrastivePadded, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_padded_bfloat_int8, bfloat, Int8Format, kMaxsimContrastivePadded, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_padded_bfloat_e4m3fn, bfloat, E4M3Format, kMaxsimContrastivePadded, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_contrastive_padded_bfloat_residual, bfloat, ResidualFormat<bfloat>, kMaxsimContrastivePadded, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_packed_float, float, PlainFormat<float>, kMaxsimPacked, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_packed_float_int8, float, Int8Format, kMaxsimPacked, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_packed_float_e4m3fn, float, E4M3Format, kMaxsimPacked, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_packed_float_residual, float, ResidualFormat<float>, kMaxsimPacked, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_packed_half, half, PlainFormat<half>, kMaxsimPacked, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_packed_half_int8, half, Int8Format, kMaxsimPacked, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_packed_half_e4m3fn, half, E4M3Format, kMaxsimPacked, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_packed_half_residual, half, ResidualFormat<half>, kMaxsimPacked, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_packed_bfloat, bfloat, PlainFormat<bfloat>, kMaxsimPacked, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_packed_bfloat_int8, bfloat, Int8Format, kMaxsimPacked, true)
 MAXSIM_BACKWARD(maxsim_grad_queries_packed_bfloat_e4m3fn, bfloat, E4M3Format, kMaxsimPacked, true)
+MAXSIM_BACKWARD(maxsim_grad_queries_packed_bfloat_residual, bfloat, ResidualFormat<bfloat>, kMaxsimPacked, true)
 MAXSIM_BACKWARD(maxsim_grad_documents_padded_float, float, PlainFormat<float>, kMaxsimPadded, false)
 MAXSIM_BACKWARD(maxsim_grad_documents_padded_half, half, PlainFormat<half>, kMaxsimPadded, false)
 MAXSIM_BACKWARD(maxsim_grad_documents_padded_bfloat, bfloat, PlainFormat<bfloat>, kMaxsimPadded, false)

@@ -18,15 +18,23 @@ inline const char* dtype_name(Dtype t) {
   return t == Dtype::kFloat ? "float" : t == Dtype::kHalf ? "half" : "bfloat";
 }
 
-// Storage format of the documents (tiles.h): the queries' dtype, or compressed with one
-// float32 scale per row (bound at the DocumentScales slot). A pipeline name carries it as a
-// suffix after the query dtype: maxsim_forward_padded_half_int8.
-enum class DocFormat { kQueryDtype, kInt8, kFloat8E4M3 };
+// Storage format of the documents (tiles.h): the queries' dtype; compressed with one float32
+// scale per row (bound at the DocumentScales slot); or ColBERTv2 residuals (packed bucket
+// bytes as the documents, with codes, centroids and bucket weights at their own slots). A
+// pipeline name carries it as a suffix after the query dtype: maxsim_forward_padded_half_int8.
+enum class DocFormat { kQueryDtype, kInt8, kFloat8E4M3, kResidual };
 
 inline const char* doc_format_suffix(DocFormat f) {
-  return f == DocFormat::kQueryDtype ? "" : f == DocFormat::kInt8 ? "_int8" : "_e4m3fn";
+  switch (f) {
+    case DocFormat::kInt8: return "_int8";
+    case DocFormat::kFloat8E4M3: return "_e4m3fn";
+    case DocFormat::kResidual: return "_residual";
+    default: return "";
+  }
 }
+// Compressed documents are frozen storage: they get no gradient.
 inline bool is_compressed(DocFormat f) { return f != DocFormat::kQueryDtype; }
+inline bool has_row_scales(DocFormat f) { return f == DocFormat::kInt8 || f == DocFormat::kFloat8E4M3; }
 inline const char* surface_name(MaxsimSurface s) {
   switch (s) {
     case kMaxsimPadded: return "padded";
@@ -41,13 +49,21 @@ inline const char* surface_name(MaxsimSurface s) {
 enum ForwardSlot {
   kForwardParams = 0, kForwardQueries = 1, kForwardDocuments = 2, kForwardIndex0 = 3,
   kForwardIndex1 = 4, kForwardIndex2 = 5, kForwardIndex3 = 6, kForwardScores = 7,
-  kForwardArgmax = 8, kForwardDocumentScales = 9, kForwardSlots = 10,
+  kForwardArgmax = 8, kForwardDocumentScales = 9, kForwardDocumentCodes = 10,
+  kForwardCentroids = 11, kForwardBucketWeights = 12, kForwardSlots = 13,
 };
 enum BackwardSlot {
   kBackwardParams = 0, kBackwardQueries = 1, kBackwardDocuments = 2, kBackwardGradScores = 3,
   kBackwardArgmax = 4, kBackwardIndex0 = 5, kBackwardIndex1 = 6, kBackwardIndex2 = 7,
   kBackwardIndex3 = 8, kBackwardOwnerPairs = 9, kBackwardOwnerPairOffsets = 10,
-  kBackwardGrad = 11, kBackwardDocumentScales = 12, kBackwardSlots = 13,
+  kBackwardGrad = 11, kBackwardDocumentScales = 12, kBackwardDocumentCodes = 13,
+  kBackwardCentroids = 14, kBackwardBucketWeights = 15, kBackwardSlots = 16,
+};
+
+enum CentroidSlot {
+  kCentroidParams = 0, kCentroidTable = 1, kCentroidDocumentCodes = 2, kCentroidIndex0 = 3,
+  kCentroidIndex1 = 4, kCentroidIndex2 = 5, kCentroidIndex3 = 6, kCentroidScores = 7,
+  kCentroidSlots = 8,
 };
 
 // An index tensor as the kernels see it (absent: an optional tensor not given).
@@ -61,6 +77,25 @@ inline void set_index(MaxsimParams& p, int k, IndexArg a) {
   p.index_size[k] = a.present ? a.size : 0;
   p.index_is64[k] = a.is64 ? 1 : 0;
   p.index_present[k] = a.present ? 1 : 0;
+}
+
+// The residual codec as the kernels see it (residual documents only).
+struct ResidualArg {
+  IndexArg codes;          // one centroid id per document row
+  int64_t n_centroids = 0;
+  int nbits = 0;
+  bool normalize = true;
+  MaxsimFloatType centroid_dtype = kMaxsimFloat32, weight_dtype = kMaxsimFloat32;
+};
+
+inline void set_residual(MaxsimParams& p, const ResidualArg& r) {
+  p.codes_size = r.codes.present ? r.codes.size : 0;
+  p.codes_is64 = r.codes.is64 ? 1 : 0;
+  p.n_centroids = r.n_centroids;
+  p.nbits = r.nbits;
+  p.normalize = r.normalize ? 1 : 0;
+  p.centroid_dtype = r.centroid_dtype;
+  p.weight_dtype = r.weight_dtype;
 }
 
 inline MaxsimParams empty_params(int64_t dim, int64_t Tq, int64_t Td, bool with_argmax) {
@@ -195,6 +230,34 @@ inline Launch plan_backward(MaxsimSurface surface, Dtype dtype, DocFormat docs, 
   l.threadgroup_bytes = uint32_t(kBackwardWords * 4);
   l.run = owners > 0 && params.num_pairs > 0 && params.argmax_width > 0 && params.dim > 0;
   l.zero_output = !tiled || !l.run;
+  return l;
+}
+
+// PLAID's centroid-only score (centroid.metal): table [Nq, n_centroids, Lq] float32, codes
+// [T], document_offsets [Nb + 1], query_lengths [Nq] or absent; every query x every
+// document, or the listed pairs (pair ids present).
+inline Launch plan_centroid_scores(int64_t Nq, int64_t n_centroids, int64_t Lq, IndexArg codes,
+                                   IndexArg document_offsets, IndexArg query_lengths,
+                                   IndexArg pair_query_ids, IndexArg pair_document_ids) {
+  MaxsimParams p = empty_params(0, 0, 0, false);
+  p.Nq = Nq;
+  p.Nb = std::max<int64_t>(document_offsets.size - 1, 0);
+  p.Lq = Lq;
+  p.n_centroids = n_centroids;
+  p.codes_size = codes.size;
+  p.codes_is64 = codes.is64 ? 1 : 0;
+  const bool listed = pair_query_ids.present;
+  p.num_pairs = listed ? pair_query_ids.size : Nq * p.Nb;
+  set_index(p, 0, document_offsets);
+  set_index(p, 1, query_lengths);
+  set_index(p, 2, pair_query_ids);
+  set_index(p, 3, pair_document_ids);
+  Launch l;
+  l.kernel = listed ? "maxsim_centroid_scores_pairs" : "maxsim_centroid_scores_all";
+  l.params = p;
+  l.groups[0] = uint32_t(p.num_pairs);
+  l.threadgroup_bytes = uint32_t(kMaxsimThreads * sizeof(float));
+  l.run = p.num_pairs > 0;
   return l;
 }
 

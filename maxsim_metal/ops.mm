@@ -8,9 +8,10 @@
 // The encoder is the stream's own (never ended here) and the command buffer is committed
 // with COMMIT_AND_CONTINUE, so consecutive calls and torch's own kernels share it.
 //
-// Compressed documents (int8 / float8 e4m3fn values, document_scales: one float32 per row)
-// pick the plan's pipeline of their format and bind the scales at the DocumentScales slot;
-// the kernels widen and scale in their tile loads. They have grad_queries only.
+// Compressed documents pick the plan's pipeline of their format: int8 / float8 e4m3fn values
+// bind their scales (one float32 per row) at the DocumentScales slot; ColBERTv2 residuals
+// (uint8 packed bucket ids) bind their codes, centroids and bucket weights at their own
+// slots. The kernels decode in their tile loads. They have grad_queries only.
 #include <ATen/ATen.h>
 #include <ATen/mps/MPSStream.h>
 #include <ATen/native/mps/OperationUtils.h>
@@ -31,14 +32,6 @@
 
 namespace maxsim_metal {
 namespace {
-
-// How the documents are stored (torch_binding.h): this backend scores float and int8 / float8
-// documents; ColBERTv2 residuals are scored by the CPU backend only so far.
-const std::optional<at::Tensor>& dense_storage(const maxsim_storage::DocumentStorage& storage) {
-  TORCH_CHECK_NOT_IMPLEMENTED(!storage.residual(), "maxsim_metal: residual (ColBERTv2) documents are not supported on "
-                              "this device yet; score them on the CPU");
-  return storage.scales;
-}
 
 id<MTLComputePipelineState> pipeline(const std::string& name) {
   static std::mutex mu;
@@ -63,6 +56,10 @@ id<MTLComputePipelineState> pipeline(const std::string& name) {
   return state;
 }
 
+MaxsimFloatType float_type_of(const at::Tensor& t) {
+  return t.scalar_type() == at::kHalf ? kMaxsimFloat16 : t.scalar_type() == at::kBFloat16 ? kMaxsimBFloat16 : kMaxsimFloat32;
+}
+
 Dtype dtype_of(const at::Tensor& t) {
   switch (t.scalar_type()) {
     case at::kFloat: return Dtype::kFloat;
@@ -72,20 +69,42 @@ Dtype dtype_of(const at::Tensor& t) {
   }
 }
 
-// The documents' storage format. The Python layer pairs scales with compressed documents
-// only; the check here keeps a kernel from reading a scales buffer that is not there.
-DocFormat doc_format_of(const at::Tensor& documents, const std::optional<at::Tensor>& scales) {
+IndexArg index_arg(const at::Tensor& t) { return {t.numel(), t.scalar_type() == at::kLong, true}; }
+
+// The documents' storage format. The ops' checks (checks.h) pair scales with int8 / float8
+// documents and a codec with residual ones; the checks here keep a kernel from reading a
+// buffer that is not there.
+DocFormat doc_format_of(const at::Tensor& documents, const maxsim_storage::DocumentStorage& storage) {
+  if (storage.residual()) {
+    TORCH_CHECK(documents.scalar_type() == at::kByte && storage.centroids && storage.bucket_weights &&
+                    !storage.scales,
+                "maxsim_metal: residual documents need uint8 bytes, codes, centroids and bucket weights");
+    return DocFormat::kResidual;
+  }
   const auto s = documents.scalar_type();
   const DocFormat f = s == at::kChar ? DocFormat::kInt8
                       : s == at::kFloat8_e4m3fn ? DocFormat::kFloat8E4M3
                                                 : DocFormat::kQueryDtype;
-  TORCH_CHECK(is_compressed(f) == scales.has_value(),
+  TORCH_CHECK(is_compressed(f) == storage.scales.has_value(),
               is_compressed(f) ? "maxsim_metal: int8 / float8 documents need document_scales"
                                : "maxsim_metal: document_scales given with float documents");
   return f;
 }
 
-IndexArg index_arg(const at::Tensor& t) { return {t.numel(), t.scalar_type() == at::kLong, true}; }
+// The codec into the parameter block (residual documents only); nbits from the number of
+// bucket weights (2, 4 or 16, checked by the ops).
+void set_storage(MaxsimParams& p, const maxsim_storage::DocumentStorage& storage) {
+  if (!storage.residual()) return;
+  ResidualArg r;
+  r.codes = index_arg(*storage.codes);
+  r.n_centroids = storage.centroids->size(0);
+  const int64_t buckets = storage.bucket_weights->numel();
+  r.nbits = buckets == 2 ? 1 : buckets == 4 ? 2 : 4;
+  r.normalize = storage.normalize;
+  r.centroid_dtype = float_type_of(*storage.centroids);
+  r.weight_dtype = float_type_of(*storage.bucket_weights);
+  set_residual(p, r);
+}
 IndexArg index_arg(const std::optional<at::Tensor>& t) { return t ? index_arg(*t) : IndexArg{}; }
 IndexArg no_index() { return IndexArg{}; }
 
@@ -103,7 +122,8 @@ Binding binding(const std::optional<at::Tensor>& t, const at::Tensor& fallback) 
   return binding(t ? *t : fallback, fallback);
 }
 
-static_assert(kForwardParams == 0 && kBackwardParams == 0, "encode() binds the parameters at slot 0");
+static_assert(kForwardParams == 0 && kBackwardParams == 0 && kCentroidParams == 0,
+              "encode() binds the parameters at slot 0");
 
 void encode(const Launch& l, const Binding* slots, int num_slots) {
   if (!l.run) return;
@@ -124,14 +144,15 @@ void encode(const Launch& l, const Binding* slots, int num_slots) {
   stream->synchronize(at::mps::SyncType::COMMIT_AND_CONTINUE);
 }
 
-std::tuple<at::Tensor, at::Tensor> forward(MaxsimSurface surface, const MaxsimParams& params,
+std::tuple<at::Tensor, at::Tensor> forward(MaxsimSurface surface, MaxsimParams params,
                                            const at::Tensor& queries, const at::Tensor& documents,
-                                           const std::optional<at::Tensor>& document_scales,
+                                           const maxsim_storage::DocumentStorage& storage,
                                            const at::Tensor* index0, const at::Tensor* index1,
                                            const at::Tensor* index2, const at::Tensor* index3,
                                            std::vector<int64_t> score_shape, bool with_argmax) {
-  const Launch l =
-      plan_forward(surface, dtype_of(queries), doc_format_of(documents, document_scales), params);
+  const DocFormat docs = doc_format_of(documents, storage);
+  set_storage(params, storage);
+  const Launch l = plan_forward(surface, dtype_of(queries), docs, params);
   at::Tensor scores = at::empty(score_shape, queries.options().dtype(at::kFloat));
   score_shape.push_back(params.argmax_width);
   at::Tensor argmax = at::empty(with_argmax ? score_shape : std::vector<int64_t>{0},
@@ -145,20 +166,24 @@ std::tuple<at::Tensor, at::Tensor> forward(MaxsimSurface surface, const MaxsimPa
   slots[kForwardIndex3] = binding(index3 ? *index3 : queries, queries);
   slots[kForwardScores] = binding(scores, scores);
   slots[kForwardArgmax] = binding(argmax, scores);
-  slots[kForwardDocumentScales] = binding(document_scales, queries);
+  slots[kForwardDocumentScales] = binding(storage.scales, queries);
+  slots[kForwardDocumentCodes] = binding(storage.codes, queries);
+  slots[kForwardCentroids] = binding(storage.centroids, queries);
+  slots[kForwardBucketWeights] = binding(storage.bucket_weights, queries);
   encode(l, slots, kForwardSlots);
   return {scores, argmax};
 }
 
 // One gradient; owner lists only for packed (pairs_by_*, *_pair_offsets).
-at::Tensor gradient(MaxsimSurface surface, bool to_query, const MaxsimParams& params,
+at::Tensor gradient(MaxsimSurface surface, bool to_query, MaxsimParams params,
                     const at::Tensor& grad_scores, const at::Tensor& queries,
-                    const at::Tensor& documents, const std::optional<at::Tensor>& document_scales,
+                    const at::Tensor& documents, const maxsim_storage::DocumentStorage& storage,
                     const at::Tensor& argmax, const at::Tensor* index0, const at::Tensor* index1,
                     const at::Tensor* index2, const at::Tensor* index3, const at::Tensor* owner_pairs,
                     const at::Tensor* owner_pair_offsets) {
-  const DocFormat docs = doc_format_of(documents, document_scales);
+  const DocFormat docs = doc_format_of(documents, storage);
   TORCH_CHECK(to_query || !is_compressed(docs), "maxsim_metal: compressed documents get no gradient");
+  set_storage(params, storage);
   const Launch l = plan_backward(surface, dtype_of(queries), docs, to_query, params,
                                  owner_pairs ? index_arg(*owner_pairs) : no_index(),
                                  owner_pair_offsets ? index_arg(*owner_pair_offsets) : no_index());
@@ -176,7 +201,10 @@ at::Tensor gradient(MaxsimSurface surface, bool to_query, const MaxsimParams& pa
   slots[kBackwardOwnerPairs] = binding(owner_pairs ? *owner_pairs : grad, grad);
   slots[kBackwardOwnerPairOffsets] = binding(owner_pair_offsets ? *owner_pair_offsets : grad, grad);
   slots[kBackwardGrad] = binding(grad, grad);
-  slots[kBackwardDocumentScales] = binding(document_scales, grad);
+  slots[kBackwardDocumentScales] = binding(storage.scales, grad);
+  slots[kBackwardDocumentCodes] = binding(storage.codes, grad);
+  slots[kBackwardCentroids] = binding(storage.centroids, grad);
+  slots[kBackwardBucketWeights] = binding(storage.bucket_weights, grad);
   encode(l, slots, kBackwardSlots);
   return grad;
 }
@@ -185,15 +213,40 @@ at::Tensor none_like(const at::Tensor& t) { return at::empty({0}, t.options()); 
 
 }  // namespace
 
+at::Tensor centroid_forward(const at::Tensor& table, const at::Tensor& document_codes,
+                            const at::Tensor& document_offsets, const std::optional<at::Tensor>& query_lengths,
+                            const std::optional<at::Tensor>& pair_query_ids,
+                            const std::optional<at::Tensor>& pair_document_ids) {
+  TORCH_CHECK(table.is_contiguous() && table.scalar_type() == at::kFloat && table.dim() == 3,
+              "maxsim_metal: the centroid table must be contiguous float32 [Nq, n_centroids, Lq]");
+  TORCH_CHECK(pair_query_ids.has_value() == pair_document_ids.has_value(),
+              "maxsim_metal: pair_query_ids and pair_document_ids go together");
+  const Launch l = plan_centroid_scores(table.size(0), table.size(1), table.size(2), index_arg(document_codes),
+                                        index_arg(document_offsets), index_arg(query_lengths),
+                                        index_arg(pair_query_ids), index_arg(pair_document_ids));
+  const std::vector<int64_t> shape = pair_query_ids ? std::vector<int64_t>{l.params.num_pairs}
+                                                    : std::vector<int64_t>{l.params.Nq, l.params.Nb};
+  at::Tensor scores = at::empty(shape, table.options());
+  Binding slots[kCentroidSlots];
+  slots[kCentroidTable] = binding(table, scores);
+  slots[kCentroidDocumentCodes] = binding(document_codes, scores);
+  slots[kCentroidIndex0] = binding(document_offsets, scores);
+  slots[kCentroidIndex1] = binding(query_lengths, scores);
+  slots[kCentroidIndex2] = binding(pair_query_ids, scores);
+  slots[kCentroidIndex3] = binding(pair_document_ids, scores);
+  slots[kCentroidScores] = binding(scores, scores);
+  encode(l, slots, kCentroidSlots);
+  return scores;
+}
+
 std::tuple<at::Tensor, at::Tensor> padded_forward(const at::Tensor& queries, const at::Tensor& documents,
                                                   const at::Tensor& query_lengths,
                                                   const at::Tensor& doc_lengths, bool with_argmax,
     const maxsim_storage::DocumentStorage& storage) {
-  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
   const MaxsimParams p = padded_params(queries.size(0), documents.size(1), queries.size(1), documents.size(2),
                                        queries.size(2), index_arg(query_lengths), index_arg(doc_lengths),
                                        with_argmax);
-  return forward(kMaxsimPadded, p, queries, documents, document_scales, &query_lengths, &doc_lengths,
+  return forward(kMaxsimPadded, p, queries, documents, storage, &query_lengths, &doc_lengths,
                  nullptr, nullptr, {p.B, p.C}, with_argmax);
 }
 
@@ -202,10 +255,9 @@ std::tuple<at::Tensor, at::Tensor> contrastive_forward(const at::Tensor& queries
                                                        const std::optional<at::Tensor>& query_lengths,
                                                        bool with_argmax,
     const maxsim_storage::DocumentStorage& storage) {
-  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
   const MaxsimParams p = contrastive_params(queries.size(0), queries.size(1), documents.size(0), queries.size(2),
                                             index_arg(document_offsets), index_arg(query_lengths), with_argmax);
-  return forward(kMaxsimContrastive, p, queries, documents, document_scales, &document_offsets,
+  return forward(kMaxsimContrastive, p, queries, documents, storage, &document_offsets,
                  query_lengths ? &*query_lengths : nullptr, nullptr, nullptr, {p.Nq, p.Nb}, with_argmax);
 }
 
@@ -215,11 +267,10 @@ std::tuple<at::Tensor, at::Tensor> contrastive_padded_forward(const at::Tensor& 
                                                               const std::optional<at::Tensor>& query_lengths,
                                                               bool with_argmax,
     const maxsim_storage::DocumentStorage& storage) {
-  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
   const MaxsimParams p = contrastive_padded_params(queries.size(0), queries.size(1), documents.size(0),
                                                    documents.size(1), queries.size(2), index_arg(document_lengths),
                                                    index_arg(query_lengths), with_argmax);
-  return forward(kMaxsimContrastivePadded, p, queries, documents, document_scales, &document_lengths,
+  return forward(kMaxsimContrastivePadded, p, queries, documents, storage, &document_lengths,
                  query_lengths ? &*query_lengths : nullptr, nullptr, nullptr, {p.Nq, p.Nb}, with_argmax);
 }
 
@@ -229,12 +280,11 @@ std::tuple<at::Tensor, at::Tensor> packed_forward(const at::Tensor& queries, con
                                                   const at::Tensor& pair_document_ids, int64_t max_q_len,
                                                   bool with_argmax,
     const maxsim_storage::DocumentStorage& storage) {
-  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
   const MaxsimParams p = packed_params(queries.size(0), documents.size(0), queries.size(1),
                                        index_arg(query_offsets), index_arg(document_offsets),
                                        index_arg(pair_query_ids), index_arg(pair_document_ids), max_q_len,
                                        with_argmax);
-  return forward(kMaxsimPacked, p, queries, documents, document_scales, &query_offsets, &document_offsets,
+  return forward(kMaxsimPacked, p, queries, documents, storage, &query_offsets, &document_offsets,
                  &pair_query_ids, &pair_document_ids, {p.num_pairs}, with_argmax);
 }
 
@@ -243,11 +293,10 @@ std::tuple<at::Tensor, at::Tensor> padded_backward(const at::Tensor& grad_scores
                                                    const at::Tensor& doc_lengths, const at::Tensor& argmax,
                                                    bool need_grad_queries, bool need_grad_documents,
     const maxsim_storage::DocumentStorage& storage) {
-  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
   const MaxsimParams p = padded_params(queries.size(0), documents.size(1), queries.size(1), documents.size(2),
                                        queries.size(2), index_arg(query_lengths), index_arg(doc_lengths), true);
   auto grad = [&](bool to_query) {
-    return gradient(kMaxsimPadded, to_query, p, grad_scores, queries, documents, document_scales, argmax,
+    return gradient(kMaxsimPadded, to_query, p, grad_scores, queries, documents, storage, argmax,
                     &query_lengths, &doc_lengths, nullptr, nullptr, nullptr, nullptr);
   };
   return {need_grad_queries ? grad(true) : none_like(queries),
@@ -261,11 +310,10 @@ std::tuple<at::Tensor, at::Tensor> contrastive_backward(const at::Tensor& grad_s
                                                         const at::Tensor& argmax, bool need_grad_queries,
                                                         bool need_grad_documents,
     const maxsim_storage::DocumentStorage& storage) {
-  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
   const MaxsimParams p = contrastive_params(queries.size(0), queries.size(1), documents.size(0), queries.size(2),
                                             index_arg(document_offsets), index_arg(query_lengths), true);
   auto grad = [&](bool to_query) {
-    return gradient(kMaxsimContrastive, to_query, p, grad_scores, queries, documents, document_scales, argmax,
+    return gradient(kMaxsimContrastive, to_query, p, grad_scores, queries, documents, storage, argmax,
                     &document_offsets, query_lengths ? &*query_lengths : nullptr, nullptr, nullptr, nullptr,
                     nullptr);
   };
@@ -281,12 +329,11 @@ std::tuple<at::Tensor, at::Tensor> contrastive_padded_backward(const at::Tensor&
                                                                const at::Tensor& argmax, bool need_grad_queries,
                                                                bool need_grad_documents,
     const maxsim_storage::DocumentStorage& storage) {
-  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
   const MaxsimParams p = contrastive_padded_params(queries.size(0), queries.size(1), documents.size(0),
                                                    documents.size(1), queries.size(2), index_arg(document_lengths),
                                                    index_arg(query_lengths), true);
   auto grad = [&](bool to_query) {
-    return gradient(kMaxsimContrastivePadded, to_query, p, grad_scores, queries, documents, document_scales,
+    return gradient(kMaxsimContrastivePadded, to_query, p, grad_scores, queries, documents, storage,
                     argmax, &document_lengths, query_lengths ? &*query_lengths : nullptr, nullptr, nullptr, nullptr,
                     nullptr);
   };
@@ -301,13 +348,12 @@ std::tuple<at::Tensor, at::Tensor> packed_backward(
     const at::Tensor& query_pair_offsets, const at::Tensor& pairs_by_document,
     const at::Tensor& document_pair_offsets, bool need_grad_queries, bool need_grad_documents,
     const maxsim_storage::DocumentStorage& storage) {
-  const std::optional<at::Tensor>& document_scales = dense_storage(storage);
   const MaxsimParams p = packed_params(queries.size(0), documents.size(0), queries.size(1),
                                        index_arg(query_offsets), index_arg(document_offsets),
                                        index_arg(pair_query_ids), index_arg(pair_document_ids), argmax.size(-1),
                                        true);
   auto grad = [&](bool to_query) {
-    return gradient(kMaxsimPacked, to_query, p, grad_scores, queries, documents, document_scales, argmax,
+    return gradient(kMaxsimPacked, to_query, p, grad_scores, queries, documents, storage, argmax,
                     &query_offsets, &document_offsets, &pair_query_ids, &pair_document_ids,
                     to_query ? &pairs_by_query : &pairs_by_document,
                     to_query ? &query_pair_offsets : &document_pair_offsets);

@@ -27,7 +27,8 @@ enum MaxsimForwardLayout {
   kDocTile = kQueryTile + kMaxsimQueryRows * kMaxsimDimChunk,  // [32 rows][32 columns]
   kSims = kDocTile + kMaxsimDocRows * kMaxsimDimChunk,         // [4 simdgroups][8][32]
   kRowMax = kSims + kMaxsimQueryRows * kMaxsimDocRows,         // [32]
-  kForwardFloats = kRowMax + kMaxsimQueryRows,
+  kRowFactor = kRowMax + kMaxsimQueryRows,                     // [32] residual: 1 / ||t_j||
+  kForwardFloats = kRowFactor + kMaxsimDocRows,
 };
 
 // Threadgroup memory of the backward: the accumulator, then one slot per thread
@@ -40,6 +41,10 @@ enum MaxsimBackwardLayout {
   kHitRow = kHitWeight + kMaxsimThreads,                       // [128] int, -1: no hit
   kBackwardWords = kHitRow + kMaxsimThreads,
 };
+
+// Element types a kernel reads by a runtime flag rather than a template parameter (the
+// residual codec's centroids and bucket weights, any of the three with any query type).
+enum MaxsimFloatType { kMaxsimFloat32 = 0, kMaxsimFloat16 = 1, kMaxsimBFloat16 = 2 };
 
 // Surfaces (docs/design.md): which index buffers a kernel reads and how.
 // contrastive_padded is contrastive with documents [Nb, Ld, D] and their lengths instead of
@@ -60,8 +65,16 @@ struct MaxsimParams {
   maxsim_i64 dim;
   maxsim_i64 index_size[6];        // element counts of the index buffers
   maxsim_i64 num_owners;           // backward: owners of the gradient being computed
+  // residual (ColBERTv2) documents: the codec; unused by the other formats
+  maxsim_i64 codes_size;           // element count of document_codes (one per document row)
+  maxsim_i64 n_centroids;
   int index_is64[6];
   int index_present[6];            // 0: optional tensor absent (contrastive query_lengths)
   int with_argmax;
   int grid_rows;                   // backward: threadgroups per owner (row passes)
+  int codes_is64;                  // residual: document_codes int64 (else int32)
+  int nbits;                       // residual: bits per dimension, 1, 2 or 4
+  int normalize;                   // residual: 1: each token scaled by 1 / ||t||
+  int centroid_dtype;              // residual: MaxsimFloatType of the centroids
+  int weight_dtype;                // residual: MaxsimFloatType of the bucket weights
 };

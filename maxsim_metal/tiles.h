@@ -9,6 +9,7 @@
 #include <metal_stdlib>
 
 #include "params.h"
+#include "policies.h"
 
 using namespace metal;
 
@@ -58,18 +59,51 @@ inline Best shuffle_better(Best a, ushort mask) {
 }
 
 // ---- storage formats of embedding rows --------------------------------------------------
-// A format says how one stored element becomes the float the tiles hold and how a row's
-// float32 scale enters what is computed from it. Queries are always PlainFormat<T>;
-// documents are PlainFormat<T> (the queries' type) or compressed: int8 (symmetric, `char`)
-// or float8 e4m3fn (raw bytes, decoded here: Metal has no fp8 type), each row with its own
-// scale. The format is a template parameter of the one forward and the one backward
-// kernel: it changes the tile load and where the scale is applied, nothing else, and
-// nothing is ever dequantised into device memory.
+// A format says what float a stored element (row, column) stands for and how a row's factor
+// enters what is computed from it. Queries are always PlainFormat<T>; documents are
+// PlainFormat<T> (the queries' type), compressed with one float32 scale per row (int8,
+// symmetric, `char`; float8 e4m3fn, raw bytes decoded here: Metal has no fp8 type), or
+// ColBERTv2 residuals (ResidualFormat<T>). The format is a template parameter of the one
+// forward and the one backward kernel: it changes the tile load and where the factor is
+// applied, nothing else, and nothing is ever decoded into device memory.
 //
-// scaled(x, scales, row) is x for unscaled formats and x * scales[row] otherwise. The
+// scaled(x, values, docs, row) is x for plain documents and x * scales[row] for scaled ones. The
 // forward applies it to each similarity before the running max (sim = scale_j * <q_i, v_j>,
 // accumulated in float32 first, as the CPU backend does); the backward to the gradient
-// weight (g_p * scale[a]), which then multiplies the widened row.
+// weight (g_p * scale[a]), which then multiplies the widened row. Residual rows are
+// normalised (kRowNorm): the forward sums their squares as it stages them and scales by
+// 1 / ||t|| from threadgroup memory; the backward recomputes the norm of the winning row.
+
+// What a format reads besides the values: per-row scales, or the residual codec.
+struct DocumentExtras {
+  long dim;
+  device const float* scales;          // int8 / e4m3fn: one per document row
+  IndexView codes;                     // residual: the centroid id of each row
+  device const uchar* centroids;       // residual: [n_centroids, dim] of centroid_dtype
+  device const uchar* bucket_weights;  // residual: [2**nbits] of weight_dtype
+  long n_centroids;
+  int nbits, normalize, centroid_dtype, weight_dtype;
+};
+
+inline DocumentExtras document_extras(constant MaxsimParams& prm, device const float* scales,
+                                      device const int* codes, device const uchar* centroids,
+                                      device const uchar* bucket_weights) {
+  DocumentExtras x;
+  x.dim = prm.dim;
+  x.scales = scales;
+  x.codes.ptr = codes;
+  x.codes.size = prm.codes_size;
+  x.codes.is64 = prm.codes_is64 != 0;
+  x.codes.present = prm.codes_size > 0;
+  x.centroids = centroids;
+  x.bucket_weights = bucket_weights;
+  x.n_centroids = prm.n_centroids;
+  x.nbits = prm.nbits;
+  x.normalize = prm.normalize;
+  x.centroid_dtype = prm.centroid_dtype;
+  x.weight_dtype = prm.weight_dtype;
+  return x;
+}
 
 // e4m3fn: sign, 4 exponent bits (bias 7), 3 mantissa bits; exponent 0 is subnormal
 // (m * 2^-9), S.1111.111 is NaN, and there are no infinities. Exact in float.
@@ -80,31 +114,94 @@ inline float e4m3fn_to_float(uchar b) {
   return as_type<float>(sign | ((e + 120u) << 23) | (m << 20));  // rebias 7 -> 127
 }
 
-template <typename T> struct PlainFormat {
+// Formats whose rows are not normalised: no per-row factor from the staged values.
+struct UnnormalisedRows {
+  enum { kRowNorm = 0 };
+  static float factor(float, thread const DocumentExtras&) { return 1.0f; }
+};
+
+template <typename T> struct PlainFormat : UnnormalisedRows {
   typedef T element;
   static float widen(T v) { return float(v); }
-  static float scaled(float x, device const float*, long) { return x; }
+  static float value(device const T* v, thread const DocumentExtras& x, long row, long col) {
+    return widen(v[row * x.dim + col]);
+  }
+  static float scaled(float x, device const T*, thread const DocumentExtras&, long) { return x; }
 };
 
-struct Int8Format {
+struct Int8Format : UnnormalisedRows {
   typedef char element;  // MSL's char is signed
   static float widen(char v) { return float(v); }
-  static float scaled(float x, device const float* scales, long row) { return x * scales[row]; }
+  static float value(device const char* v, thread const DocumentExtras& x, long row, long col) {
+    return widen(v[row * x.dim + col]);
+  }
+  static float scaled(float x, device const char*, thread const DocumentExtras& d, long row) {
+    return x * d.scales[row];
+  }
 };
 
-struct E4M3Format {
+struct E4M3Format : UnnormalisedRows {
   typedef uchar element;  // the e4m3fn bits
   static float widen(uchar v) { return e4m3fn_to_float(v); }
-  static float scaled(float x, device const float* scales, long row) { return x * scales[row]; }
+  static float value(device const uchar* v, thread const DocumentExtras& x, long row, long col) {
+    return widen(v[row * x.dim + col]);
+  }
+  static float scaled(float x, device const uchar*, thread const DocumentExtras& d, long row) {
+    return x * d.scales[row];
+  }
 };
 
-// tile[r][c] = src[r][k0 + c] widened to float for r < rows, k0 + c < dim; zero elsewhere.
-// kRows x kMaxsimDimChunk elements, spread over the threadgroup's threads.
+// Element i of a float32 / float16 / bfloat16 buffer whose type is a runtime flag.
+inline float load_float(device const uchar* base, int type, long i) {
+  if (type == kMaxsimFloat16) return float(reinterpret_cast<device const half*>(base)[i]);
+  if (type == kMaxsimBFloat16) return float(reinterpret_cast<device const bfloat*>(base)[i]);
+  return reinterpret_cast<device const float*>(base)[i];
+}
+
+// ColBERTv2 / PLAID residuals: row j is centroid codes[j] plus, per dimension, the bucket
+// weight its nbits-bit bucket id selects; t = centroid + weight is summed in float32 and
+// rounded once to the queries' type T (the CPU and CUDA backends' contract). The row's
+// bits form one stream, dimension k at bits [k * nbits, (k + 1) * nbits), each byte filled
+// from its most significant bit; the bucket id has its bits in the opposite order (lowest
+// first), as colbert-ai packs them. A code outside [0, n_centroids) decodes to NaN.
+template <typename T> struct ResidualFormat {
+  typedef uchar element;  // the packed residual bytes, dim * nbits / 8 per row
+  enum { kRowNorm = 1 };
+  static float value(device const uchar* bytes, thread const DocumentExtras& x, long row, long col) {
+    long code = -1;
+    if (!x.codes.get(row, code) || code < 0 || code >= x.n_centroids) return nan_value();
+    const long bit = col * x.nbits;
+    const uint byte = uint(bytes[row * (x.dim * x.nbits / 8) + bit / 8]);
+    const uint field = (byte >> uint(8 - int(bit % 8) - x.nbits)) & ((1u << uint(x.nbits)) - 1u);
+    uint bucket = 0;
+    for (int b = 0; b < x.nbits; ++b) bucket |= ((field >> uint(x.nbits - 1 - b)) & 1u) << uint(b);
+    const float t = load_float(x.centroids, x.centroid_dtype, code * x.dim + col) +
+                    load_float(x.bucket_weights, x.weight_dtype, long(bucket));
+    return float(T(t));
+  }
+  // 1 / max(||t||, 1e-12) from the row's sum of squares (1 without normalisation)
+  static float factor(float sumsq, thread const DocumentExtras& x) {
+    return x.normalize ? precise::divide(1.0f, max(precise::sqrt(sumsq), 1e-12f)) : 1.0f;
+  }
+  // the backward's factor of one row: its norm recomputed (the forward's is long gone)
+  static float scaled(float w, device const uchar* bytes, thread const DocumentExtras& x, long row) {
+    if (!x.normalize) return w;
+    float sumsq = 0.0f;
+    for (long k = 0; k < x.dim; ++k) {
+      const float t = value(bytes, x, row, k);
+      sumsq += t * t;
+    }
+    return w * factor(sumsq, x);
+  }
+};
+
+// tile[r][c] = row (row0 + r), column k0 + c of src as float, for r < rows, k0 + c < dim;
+// zero elsewhere. kRows x kMaxsimDimChunk elements, spread over the threadgroup's threads.
 template <int kRows, typename Format>
 inline void stage_rows(threadgroup float* tile, device const typename Format::element* src,
-                       long rows, long dim, long k0, uint tid) {
+                       thread const DocumentExtras& x, long row0, long rows, long k0, uint tid) {
   for (uint e = tid; e < uint(kRows * kMaxsimDimChunk); e += kMaxsimThreads) {
     const long r = e / kMaxsimDimChunk, c = k0 + e % kMaxsimDimChunk;
-    tile[e] = (r < rows && c < dim) ? Format::widen(src[r * dim + c]) : 0.0f;
+    tile[e] = (r < rows && c < x.dim) ? Format::value(src, x, row0 + r, c) : 0.0f;
   }
 }

@@ -278,7 +278,7 @@ def _plan(ms, surface, sizes, dim, idx, *, backward=False, to_query=False, dtype
 
 def test_launch_plan(ms):
     fwd = _plan(ms, "padded", [3, 4, 9, 13], 64, [ids([1, 2, 3]), ids([1] * 12), None, None])
-    assert fwd == {"groups_x": 12, "groups_y": 1, "threads": 128, "bytes": (3 * 1024 + 32) * 4,
+    assert fwd == {"groups_x": 12, "groups_y": 1, "threads": 128, "bytes": (3 * 1024 + 2 * 32) * 4,
                    "run": 1, "zero": 0, "kernel": "maxsim_forward_padded_float"}
     assert fwd["bytes"] % 16 == 0 and fwd["bytes"] <= 32 * 1024  # Metal's limit and granularity
     gq = _plan(ms, "padded", [3, 4, 40, 13], 64, [ids([1, 2, 3]), ids([1] * 12), None, None],
@@ -310,15 +310,18 @@ def _kernel_slots(source: str, kernel: str) -> dict[str, int]:
 
 def test_buffer_slots_match():
     plan = (METAL / "launch_plan.h").read_text()
-    enums = {name: int(v) for name, v in re.findall(r"\b(k(?:Forward|Backward)\w+) = (\d+)", plan)}
+    enums = {name: int(v) for name, v in re.findall(r"\b(k(?:Forward|Backward|Centroid)\w+) = (\d+)", plan)}
     mm = re.sub(r"//[^\n]*", "", (METAL / "ops.mm").read_text())
     literal = re.findall(r"set(?:Buffer|Bytes):[^\]]*atIndex:\d", mm)
     assert not literal, f"ops.mm must bind buffers through the plan's slot enums: {literal}"
     bound = set(re.findall(r"slots\[(k\w+)\] = binding\(", mm)) | set(re.findall(r"atIndex:(k\w+)", mm))
-    if "kForwardParams" in bound and "kBackwardParams == 0" in mm:  # one encode() for both
+    if "kForwardParams" in bound and "kBackwardParams == 0" in mm:  # one encode() for all
         bound.add("kBackwardParams")
+    if "kForwardParams" in bound and "kCentroidParams == 0" in mm:
+        bound.add("kCentroidParams")
     for file, kernel, prefix in (("forward.metal", "maxsim_forward", "kForward"),
-                                 ("backward.metal", "maxsim_backward", "kBackward")):
+                                 ("backward.metal", "maxsim_backward", "kBackward"),
+                                 ("centroid.metal", "maxsim_centroid_scores", "kCentroid")):
         slots = _kernel_slots((METAL / file).read_text(), kernel)
         assert slots, kernel
         plan_slots = {k: v for k, v in enums.items() if k.startswith(prefix) and k != prefix + "Slots"}

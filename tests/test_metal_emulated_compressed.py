@@ -384,17 +384,17 @@ COMPRESSED_MUTATIONS = {
     # the running max sees unscaled similarities; the scale is applied to the tile's winner
     "scale applied after the max": [
         ("forward.metal",
-         "x.value = Docs::scaled(sims[r * kMaxsimDocRows + c], document_scales, s.drow + j0 + c);",
-         "x.value = sims[r * kMaxsimDocRows + c];"),
+         "x.value = Docs::kRowNorm ? sim * row_factor[c] : Docs::scaled(sim, documents, docx, s.drow + j0 + c);",
+         "x.value = sim;"),
         ("forward.metal", "      cand = shuffle_better(cand, 2);\n",
          "      cand = shuffle_better(cand, 2);\n"
-         "      cand.value = Docs::scaled(cand.value, document_scales, s.drow + cand.index);\n"),
+         "      cand.value = Docs::scaled(cand.value, documents, docx, s.drow + cand.index);\n"),
     ],
     "e4m3fn exponent bias off by one": [("tiles.h", "((e + 120u) << 23)", "((e + 121u) << 23)")],
     "int8 widened as unsigned": [("tiles.h", "static float widen(char v) { return float(v); }",
                                   "static float widen(char v) { return float(uchar(v)); }")],
     "grad_queries scale dropped": [
-        ("backward.metal", "    weight = Docs::scaled(weight, document_scales, src);\n", "")],
+        ("backward.metal", "    weight = Docs::scaled(weight, documents, docx, src);\n", "")],
 }
 
 

@@ -33,7 +33,7 @@ NBITS = (1, 2, 4)
 
 def residual_backends(device):
     ms, dev = device
-    if dev.type not in ("cpu", "cuda"):
+    if dev.type not in ("cpu", "cuda", "mps"):
         pytest.skip(f"residual documents are not scored on {dev.type} yet")
     return ms, dev
 

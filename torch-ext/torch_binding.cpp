@@ -159,6 +159,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
 #endif
 #if defined(METAL_KERNEL)
   MAXSIM_IMPL_BACKEND(ops, c10::DeviceType::MPS, maxsim_metal)
+  ops.impl("centroid_forward", c10::DeviceType::MPS, &maxsim_metal::centroid_forward);
 #endif
 }
 

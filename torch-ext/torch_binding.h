@@ -72,7 +72,7 @@ struct DocumentStorage {
       const maxsim_storage::DocumentStorage& storage);                               \
   }
 
-// PLAID's centroid-only score (CPU and CUDA): table [Nq, n_centroids, Lq] float32 -> scores.
+// PLAID's centroid-only score (every backend): table [Nq, n_centroids, Lq] float32 -> scores.
 #define MAXSIM_DECLARE_CENTROIDS(ns)                                                              \
   namespace ns {                                                                                \
   at::Tensor centroid_forward(const at::Tensor& table, const at::Tensor& document_codes,          \
@@ -90,4 +90,5 @@ MAXSIM_DECLARE_CENTROIDS(maxsim_cuda)
 #endif
 #if defined(METAL_KERNEL)
 MAXSIM_DECLARE_BACKEND(maxsim_metal)
+MAXSIM_DECLARE_CENTROIDS(maxsim_metal)
 #endif

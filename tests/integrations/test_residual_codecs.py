@@ -16,9 +16,10 @@ small index on the CPU; the test reads the index files with numpy and checks the
 fast-plaid's own reconstruction (`get_embeddings`) and the embeddings it was given.
 
 colbert-ai is required under MAXSIM_REQUIRE_INTEGRATIONS=1 (a missing import fails, as in
-the other integration tests). fast-plaid is not: no fast-plaid 1.7 wheel exists for the torch
-this suite is pinned to (.ci/integrations-*.txt), so without a usable interpreter its test
-skips, saying why, whatever that variable says.
+the other integration tests). fast-plaid needs its own interpreter, since no fast-plaid 1.7
+wheel exists for the torch this suite is pinned to: CI makes one (.ci/integrations.sh, a venv
+with .ci/integrations-fast-plaid.txt) and names it in MAXSIM_FAST_PLAID_PYTHON; elsewhere,
+without a usable interpreter, the test skips, saying why.
 """
 from __future__ import annotations
 

@@ -24,7 +24,8 @@ using maxsim_metal::Launch;
 namespace {
 
 size_t element_size(int dtype) { return dtype == int(Dtype::kFloat) ? 4 : 2; }
-// Documents: the queries' element size, or one byte for int8 / float8 e4m3fn.
+// Documents: the queries' element size, or one byte for int8 / float8 e4m3fn and for the
+// packed bytes of residuals.
 size_t document_element_size(int dtype, int doc_format) {
   return maxsim_metal::is_compressed(DocFormat(doc_format)) ? 1 : element_size(dtype);
 }
@@ -34,6 +35,17 @@ IndexArg arg_of(const EmuIndex& e) {
   a.size = e.present ? e.numel : 0;
   a.is64 = e.is64 != 0;
   a.present = e.present != 0;
+  return a;
+}
+
+maxsim_metal::ResidualArg residual_arg(const EmuResidual& r) {
+  maxsim_metal::ResidualArg a;
+  a.codes = arg_of(r.codes);
+  a.n_centroids = r.n_centroids;
+  a.nbits = r.nbits;
+  a.normalize = r.normalize != 0;
+  a.centroid_dtype = MaxsimFloatType(r.centroid_dtype);
+  a.weight_dtype = MaxsimFloatType(r.weight_dtype);
   return a;
 }
 
@@ -69,6 +81,17 @@ struct Buffers {
       return;
     }
     input(slot, src, size_t(numel) * 4);
+  }
+  // the residual codec at its three slots; zero-byte buffers when there is none
+  void residual(int codes, int centroids, int weights, const EmuResidual* r, int64_t dim) {
+    if (r == nullptr) {
+      for (int s : {codes, centroids, weights}) slots[size_t(s)] = alloc(0);
+      return;
+    }
+    index(codes, r->codes);
+    const auto bytes = [](int type) { return size_t(type == kMaxsimFloat32 ? 4 : 2); };
+    input(centroids, r->centroids, size_t(r->n_centroids * dim) * bytes(r->centroid_dtype));
+    input(weights, r->bucket_weights, (size_t(1) << r->nbits) * bytes(r->weight_dtype));
   }
   void index(int slot, const EmuIndex& e) {
     if (!e.present) {
@@ -132,10 +155,11 @@ extern "C" {
 int emu_forward(int surface, int dtype, int doc_format, const int64_t* sizes, int64_t dim,
                 const void* queries, int64_t queries_numel, const void* documents,
                 int64_t documents_numel, const float* document_scales, int64_t scales_numel,
-                const EmuIndex* idx, int with_argmax, float* scores, int64_t scores_numel,
+                const EmuResidual* residual, const EmuIndex* idx, int with_argmax, float* scores, int64_t scores_numel,
                 int32_t* argmax, int64_t argmax_numel, const EmuOptions* opt, char* err, int errlen) {
   using namespace maxsim_metal;
-  const MaxsimParams prm = params_for(surface, sizes, dim, idx, with_argmax != 0);
+  MaxsimParams prm = params_for(surface, sizes, dim, idx, with_argmax != 0);
+  if (residual) set_residual(prm, residual_arg(*residual));
   const Launch l = plan_forward(MaxsimSurface(surface), Dtype(dtype), DocFormat(doc_format), prm);
   Buffers b(kForwardSlots);
   const size_t es = element_size(dtype);
@@ -143,6 +167,7 @@ int emu_forward(int surface, int dtype, int doc_format, const int64_t* sizes, in
   b.input(kForwardQueries, queries, size_t(queries_numel) * es);
   b.input(kForwardDocuments, documents, size_t(documents_numel) * document_element_size(dtype, doc_format));
   b.floats(kForwardDocumentScales, document_scales, scales_numel);
+  b.residual(kForwardDocumentCodes, kForwardCentroids, kForwardBucketWeights, residual, dim);
   const int index_slots[4] = {kForwardIndex0, kForwardIndex1, kForwardIndex2, kForwardIndex3};
   for (int k = 0; k < 4; ++k) b.index(index_slots[k], idx[k]);
   void* s = b.output(kForwardScores, size_t(scores_numel) * 4, false, opt->poison);
@@ -161,14 +186,15 @@ int emu_forward(int surface, int dtype, int doc_format, const int64_t* sizes, in
 int emu_backward(int surface, int dtype, int doc_format, int to_query, const int64_t* sizes,
                  int64_t dim, const void* queries, int64_t queries_numel, const void* documents,
                  int64_t documents_numel, const float* document_scales, int64_t scales_numel,
-                 const float* grad_scores, int64_t num_pairs,
+                 const EmuResidual* residual, const float* grad_scores, int64_t num_pairs,
                  const int32_t* argmax, int64_t argmax_width, const EmuIndex* idx,
                  EmuIndex owner_pairs, EmuIndex owner_pair_offsets, void* grad, int64_t grad_numel,
                  const EmuOptions* opt, char* err, int errlen) {
   using namespace maxsim_metal;
   int64_t s2[4] = {sizes[0], sizes[1], sizes[2], sizes[3]};
   if (surface == kMaxsimPacked) s2[2] = argmax_width;  // the saved argmax's width
-  const MaxsimParams prm = params_for(surface, s2, dim, idx, true);
+  MaxsimParams prm = params_for(surface, s2, dim, idx, true);
+  if (residual) set_residual(prm, residual_arg(*residual));
   if (is_compressed(DocFormat(doc_format)) && !to_query)
     return finish("compressed documents get no gradient", err, errlen);
   const Launch l = plan_backward(MaxsimSurface(surface), Dtype(dtype), DocFormat(doc_format),
@@ -179,6 +205,7 @@ int emu_backward(int surface, int dtype, int doc_format, int to_query, const int
   b.input(kBackwardQueries, queries, size_t(queries_numel) * es);
   b.input(kBackwardDocuments, documents, size_t(documents_numel) * document_element_size(dtype, doc_format));
   b.floats(kBackwardDocumentScales, document_scales, scales_numel);
+  b.residual(kBackwardDocumentCodes, kBackwardCentroids, kBackwardBucketWeights, residual, dim);
   b.input(kBackwardGradScores, grad_scores, size_t(num_pairs) * 4);
   b.input(kBackwardArgmax, argmax, size_t(num_pairs * argmax_width) * 4);
   const int index_slots[4] = {kBackwardIndex0, kBackwardIndex1, kBackwardIndex2, kBackwardIndex3};
@@ -189,6 +216,27 @@ int emu_backward(int surface, int dtype, int doc_format, int to_query, const int
   void* g = b.output(kBackwardGrad, size_t(grad_numel) * es, l.zero_output, opt->poison);
   const int rc = launch(l, b, *opt, err, errlen);
   if (grad_numel) std::memcpy(grad, g, size_t(grad_numel) * es);
+  return rc;
+}
+
+int emu_centroid_scores(int64_t Nq, int64_t n_centroids, int64_t Lq, const float* table, EmuIndex codes,
+                        EmuIndex document_offsets, EmuIndex query_lengths, EmuIndex pair_query_ids,
+                        EmuIndex pair_document_ids, float* scores, int64_t scores_numel,
+                        const EmuOptions* opt, char* err, int errlen) {
+  using namespace maxsim_metal;
+  const Launch l = plan_centroid_scores(Nq, n_centroids, Lq, arg_of(codes), arg_of(document_offsets),
+                                        arg_of(query_lengths), arg_of(pair_query_ids),
+                                        arg_of(pair_document_ids));
+  Buffers b(kCentroidSlots);
+  b.input(kCentroidParams, &l.params, sizeof(MaxsimParams));
+  b.input(kCentroidTable, table, size_t(Nq * n_centroids * Lq) * 4);
+  b.index(kCentroidDocumentCodes, codes);
+  const EmuIndex idx[4] = {document_offsets, query_lengths, pair_query_ids, pair_document_ids};
+  const int index_slots[4] = {kCentroidIndex0, kCentroidIndex1, kCentroidIndex2, kCentroidIndex3};
+  for (int k = 0; k < 4; ++k) b.index(index_slots[k], idx[k]);
+  void* s = b.output(kCentroidScores, size_t(scores_numel) * 4, false, opt->poison);
+  const int rc = launch(l, b, *opt, err, errlen);
+  if (scores_numel) std::memcpy(scores, s, size_t(scores_numel) * 4);
   return rc;
 }
 

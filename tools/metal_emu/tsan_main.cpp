@@ -1,6 +1,7 @@
 // ThreadSanitizer check of the Metal kernels: every entry point (forward with argmax, both
 // gradients, four surfaces; float32 documents, and int8 / float8 e4m3fn documents with their
-// per-row scales for the forward and grad_queries) on small ragged inputs, each GPU thread
+// per-row scales and 1-bit ColBERTv2 residuals for the forward and grad_queries) on small
+// ragged inputs, each GPU thread
 // a real thread, so
 // TSan sees every threadgroup-memory access and the barriers' happens-before edges. Each
 // launch runs twice, with two poison patterns, and must give identical bits. Exit status:
@@ -36,9 +37,10 @@ struct Documents {
   int64_t numel;
   const float* scales;
   int64_t scales_numel;
+  const EmuResidual* residual;
 };
 
-constexpr int kInt8 = 1, kFloat8E4M3 = 2;  // maxsim_metal::DocFormat
+constexpr int kInt8 = 1, kFloat8E4M3 = 2, kResidual = 3;  // maxsim_metal::DocFormat
 
 // Byte copies of float32 rows in a compressed format: int8 values v / s rounded, and e4m3fn
 // bytes of the same (a fixed pattern is enough: the check is about races, not values).
@@ -88,7 +90,7 @@ void check_documents(int surface, const int64_t* sizes, int64_t dim, const std::
   char err[2048] = {0};
   const EmuOptions o{0, 0, 0, 1};
   if (emu_forward(surface, 0, d.format, sizes, dim, q.data(), int64_t(q.size()), d.data, d.numel,
-                  d.scales, d.scales_numel, idx, 1, scores.data(), pairs, argmax.data(), pairs * width,
+                  d.scales, d.scales_numel, d.residual, idx, 1, scores.data(), pairs, argmax.data(), pairs * width,
                   &o, err, sizeof err)) {
     std::printf("FAIL forward surface %d: %s\n", surface, err);
     ++failures;
@@ -98,7 +100,7 @@ void check_documents(int surface, const int64_t* sizes, int64_t dim, const std::
     std::vector<float> s(static_cast<size_t>(pairs));
     std::vector<int32_t> a(static_cast<size_t>(pairs * width));
     const int rc = emu_forward(surface, 0, d.format, sizes, dim, q.data(), int64_t(q.size()), d.data,
-                               d.numel, d.scales, d.scales_numel, idx, 1, s.data(), pairs, a.data(),
+                               d.numel, d.scales, d.scales_numel, d.residual, idx, 1, s.data(), pairs, a.data(),
                                pairs * width, &opt, e, 2048);
     out->resize(s.size() * 4 + a.size() * 4);
     std::memcpy(out->data(), s.data(), s.size() * 4);
@@ -118,7 +120,7 @@ void check_documents(int surface, const int64_t* sizes, int64_t dim, const std::
             std::vector<float> grad(n);
             const int rc = emu_backward(surface, 0, d.format, to_query, sizes, dim, q.data(),
                                         int64_t(q.size()), d.data, d.numel, d.scales, d.scales_numel,
-                                        g.data(), pairs, argmax.data(), width, idx, pairs_by,
+                                        d.residual, g.data(), pairs, argmax.data(), width, idx, pairs_by,
                                         pair_offsets, grad.data(), int64_t(n), &opt, e, 2048);
             out->resize(n * 4);
             std::memcpy(out->data(), grad.data(), n * 4);
@@ -131,16 +133,27 @@ void check_documents(int surface, const int64_t* sizes, int64_t dim, const std::
 void check_surface(int surface, const int64_t* sizes, int64_t dim, const std::vector<float>& q,
                    const std::vector<float>& d, const EmuIndex* idx, int64_t pairs, int64_t width,
                    const std::vector<int64_t>* qlists, const std::vector<int64_t>* dlists) {
-  check_documents(surface, sizes, dim, q, {0, d.data(), int64_t(d.size()), nullptr, 0}, idx, pairs,
-                  width, qlists, dlists);
+  check_documents(surface, sizes, dim, q, {0, d.data(), int64_t(d.size()), nullptr, 0, nullptr}, idx,
+                  pairs, width, qlists, dlists);
   for (int format : {kInt8, kFloat8E4M3}) {
     std::printf("%s documents\n", format == kInt8 ? "int8" : "e4m3fn");
     const Compressed c = compress(d, dim, format);
     check_documents(surface, sizes, dim, q,
                     {format, c.bytes.data(), int64_t(c.bytes.size()), c.scales.data(),
-                     int64_t(c.scales.size())},
+                     int64_t(c.scales.size()), nullptr},
                     idx, pairs, width, qlists, dlists);
   }
+  // 1-bit residuals (dim / 8 bytes per row), normalised, codes spread over 5 centroids
+  std::puts("residual documents");
+  const int64_t rows = dim > 0 ? int64_t(d.size()) / dim : 0, n_centroids = 5;
+  std::vector<unsigned char> bytes(size_t(rows * dim / 8));
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = (unsigned char)(rng() & 0xff);
+  std::vector<int64_t> codes(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) codes[size_t(r)] = (r * 3) % n_centroids;
+  const std::vector<float> centroids = random_rows(n_centroids * dim), weights = {-0.05f, 0.05f};
+  const EmuResidual res{index_of(codes), centroids.data(), n_centroids, 0, weights.data(), 0, 1, 1};
+  check_documents(surface, sizes, dim, q, {kResidual, bytes.data(), int64_t(bytes.size()), nullptr, 0, &res},
+                  idx, pairs, width, qlists, dlists);
 }
 
 }  // namespace
