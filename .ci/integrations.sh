@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # maxsim inside PyLate and colpali-engine, on the CPU:
 #   1. a venv with the pinned libraries (.ci/integrations-*.txt; torch stays the installed one),
+#      and one for fast-plaid with the torch its extension needs (.ci/integrations-fast-plaid.txt),
 #   2. maxsim's adapter tests against the installed libraries, and PyLate's losses driven by a
 #      stub encoder with and without the patch (tests/test_compat.py, tests/integrations/),
 #   3. the libraries' own CPU test files and scoring doctests, from their release sdists, with
@@ -32,6 +33,13 @@ extract() {  # archive folder
 }
 extract "$WORK"/sdist/pylate-*.tar.gz pylate
 extract "$WORK"/sdist/colpali_engine-*.tar.gz colpali_engine
+
+# fast-plaid in a venv of its own, with the torch its extension was built for; the residual
+# codec tests run it in a subprocess (MAXSIM_FAST_PLAID_PYTHON)
+FAST_PLAID_VENV=${MAXSIM_FAST_PLAID_VENV:-$ROOT/build/fast-plaid-venv}
+python3 -m venv "$FAST_PLAID_VENV"
+"$FAST_PLAID_VENV/bin/python" -m pip install -q -r "$ROOT/.ci/integrations-fast-plaid.txt"
+export MAXSIM_FAST_PLAID_PYTHON="$FAST_PLAID_VENV/bin/python"
 
 python3 "$ROOT/tools/build.py" --backend cpu
 export LOCAL_KERNELS="maxsim/maxsim=$ROOT" HF_HUB_OFFLINE=1 MAXSIM_REQUIRE_INTEGRATIONS=1
