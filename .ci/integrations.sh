@@ -36,10 +36,17 @@ extract "$WORK"/sdist/colpali_engine-*.tar.gz colpali_engine
 
 # fast-plaid in a venv of its own, with the torch its extension was built for; the residual
 # codec tests run it in a subprocess (MAXSIM_FAST_PLAID_PYTHON)
+# (about 4.8 GB from PyPI: torch 2.11.0 is the CUDA build). One retry; if PyPI still cannot
+# deliver it, the run goes on and the fast-plaid test skips, saying so here and in pytest's
+# summary, rather than failing every other check of the run on a download.
 FAST_PLAID_VENV=${MAXSIM_FAST_PLAID_VENV:-$ROOT/build/fast-plaid-venv}
 python3 -m venv "$FAST_PLAID_VENV"
-"$FAST_PLAID_VENV/bin/python" -m pip install -q -r "$ROOT/.ci/integrations-fast-plaid.txt"
-export MAXSIM_FAST_PLAID_PYTHON="$FAST_PLAID_VENV/bin/python"
+fast_plaid_install() { "$FAST_PLAID_VENV/bin/python" -m pip install -q -r "$ROOT/.ci/integrations-fast-plaid.txt"; }
+if fast_plaid_install || fast_plaid_install; then
+  export MAXSIM_FAST_PLAID_PYTHON="$FAST_PLAID_VENV/bin/python"
+else
+  echo "WARNING: the fast-plaid venv could not be installed; test_fast_plaid_index_decodes will skip" >&2
+fi
 
 python3 "$ROOT/tools/build.py" --backend cpu
 export LOCAL_KERNELS="maxsim/maxsim=$ROOT" HF_HUB_OFFLINE=1 MAXSIM_REQUIRE_INTEGRATIONS=1
