@@ -60,19 +60,20 @@ kernel void maxsim_centroid_scores(constant MaxsimParams& params [[buffer(0)]],
   float total = 0.0f;  // thread 0's
   for (long i0 = 0; i0 < qlen; i0 += kMaxsimThreads) {
     const long i = i0 + tid;
-    float best = minus_infinity();
     if (i < qlen) {
+      Best best = no_best();  // the forward's running max: NaN wins, then the larger value
       for (long j = start; j < start + len; ++j) {
         long c = -1;
         if (!codes.get(j, c) || c < 0 || c >= nc) {
-          best = nan_value();
+          best.value = nan_value();
           break;
         }
-        const float x = rows[c * Lq + i];
-        // NaN wins (the first one stays); otherwise the larger value
-        if (!is_nan_bits(best) && (is_nan_bits(x) || order_key(x) > order_key(best))) best = x;
+        Best x;
+        x.value = rows[c * Lq + i];
+        x.index = int(j - start);
+        best = better(best, x);
       }
-      smem[tid] = best;
+      smem[tid] = best.value;
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
     if (tid == 0)

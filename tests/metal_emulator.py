@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import importlib.util
 import os
+import shutil
 import types
 from pathlib import Path
 
@@ -426,6 +427,18 @@ class _Train(torch.autograd.Function):
         (argmax,) = ctx.saved_tensors
         grad_queries, grad_documents = ctx.ms.backward(ctx.case, grad_scores.contiguous(), argmax)
         return None, None, None, grad_queries, grad_documents
+
+
+def mutant(tmp_path, name: str, edits) -> EmulatedMaxsim:
+    """The emulator built from a copy of maxsim_metal/ with `edits` applied: (file, old, new)
+    triples, each `old` found exactly once."""
+    src = tmp_path / name
+    shutil.copytree(REPO_ROOT / "maxsim_metal", src)
+    for file, old, new in edits:
+        text = (src / file).read_text()
+        assert text.count(old) == 1, old
+        (src / file).write_text(text.replace(old, new))
+    return EmulatedMaxsim(build("plain", str(src)))
 
 
 def owner_lists(ids: torch.Tensor, n: int):

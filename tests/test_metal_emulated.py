@@ -15,7 +15,6 @@ import ctypes
 import importlib.util
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -362,12 +361,7 @@ def test_emulator_exposes_missing_barriers(ms, kernel, tg_bytes):
 
 
 def _mutant(tmp_path, name, file, old, new):
-    src = tmp_path / name
-    shutil.copytree(METAL, src)
-    text = (src / file).read_text()
-    assert text.count(old) >= 1, old
-    (src / file).write_text(text.replace(old, new, 1))
-    return emu.EmulatedMaxsim(emu.build("plain", str(src)))
+    return emu.mutant(tmp_path, name, [(file, old, new)])
 
 
 @pytest.mark.parametrize("mutation", ["staging barrier removed", "simdgroup barrier removed",

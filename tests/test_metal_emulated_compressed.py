@@ -14,7 +14,6 @@ tensor's size under AddressSanitizer.
 from __future__ import annotations
 
 import ctypes
-import shutil
 import sys
 
 import pytest
@@ -26,7 +25,7 @@ from conftest import (
     make_padded, unit,
 )
 import metal_emulator as emu
-from test_metal_emulated import METAL, _plan, bits
+from test_metal_emulated import _plan, bits
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the MSL emulator runs on Linux")
 
@@ -400,13 +399,7 @@ COMPRESSED_MUTATIONS = {
 
 @pytest.mark.parametrize("mutation", list(COMPRESSED_MUTATIONS))
 def test_suite_catches_compressed_mutations(tmp_path, mutation, rng):
-    src = tmp_path / mutation.replace(" ", "_")
-    shutil.copytree(METAL, src)
-    for file, old, new in COMPRESSED_MUTATIONS[mutation]:
-        text = (src / file).read_text()
-        assert text.count(old) == 1, old
-        (src / file).write_text(text.replace(old, new))
-    mutant = emu.EmulatedMaxsim(emu.build("plain", str(src)))
+    mutant = emu.mutant(tmp_path, mutation.replace(" ", "_"), COMPRESSED_MUTATIONS[mutation])
     case = make_contrastive(rng, len(LENGTHS), 33, list(LENGTHS), 20, q_lens=list(LENGTHS))
     failures = []
     for fmt in FORMATS.values():

@@ -14,7 +14,6 @@ weights included) is exactly its tensor's size under AddressSanitizer.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import sys
 
 import pytest
@@ -25,7 +24,7 @@ from conftest import (
     make_packed, make_padded, unit,
 )
 import metal_emulator as emu
-from test_metal_emulated import METAL, _plan, bits
+from test_metal_emulated import _plan, bits
 from test_residual import RES, encode
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the MSL emulator runs on Linux")
@@ -320,13 +319,7 @@ RESIDUAL_MUTATIONS = {
 
 @pytest.mark.parametrize("mutation", list(RESIDUAL_MUTATIONS))
 def test_suite_catches_residual_mutations(tmp_path, mutation, rng):
-    src = tmp_path / mutation.replace(" ", "_").replace("'", "")
-    shutil.copytree(METAL, src)
-    for file, old, new in RESIDUAL_MUTATIONS[mutation]:
-        text = (src / file).read_text()
-        assert text.count(old) == 1, old
-        (src / file).write_text(text.replace(old, new))
-    mutant = emu.EmulatedMaxsim(emu.build("plain", str(src)))
+    mutant = emu.mutant(tmp_path, mutation.replace(" ", "_").replace("'", ""), RESIDUAL_MUTATIONS[mutation])
     case = make_contrastive(rng, 4, 33, [0, 9, 33, 40], 64, q_lens=[0, 5, 33, 20])
     failures = []
     for nbits in NBITS:
