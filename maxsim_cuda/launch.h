@@ -111,6 +111,24 @@ struct CentroidParams {
 };
 cudaError_t launch_centroid_score(const CentroidParams& p);
 
+// float32 embeddings on the 16-bit kernels, as torch.set_float32_matmul_precision allows:
+// "high" rounds each tensor to float16 after multiplying it by a power of two picked from its
+// largest finite magnitude (TF32's significand, float32's range; the scores then carry the
+// product of the powers, which launch_unscale_scores removes), "medium" rounds to bfloat16.
+// Tensor 0 is the queries, tensor 1 (when `tensors` is 2) the float documents.
+struct RoundInputs {
+  const float* src[2] = {nullptr, nullptr};
+  void* dst[2] = {nullptr, nullptr};  // float16 / bfloat16, n[t] elements
+  int64_t n[2] = {0, 0};
+  int tensors = 0;
+  int to_bf16 = 0;
+  uint32_t* amax = nullptr;  // [tensors], device scratch the launcher clears ("high" only)
+  int num_sms = 1;
+  cudaStream_t stream = nullptr;
+};
+cudaError_t launch_round_inputs(const RoundInputs& r);
+cudaError_t launch_unscale_scores(const RoundInputs& r, float* scores, int64_t n);
+
 // Forward: one kernel family; the surface is a policy. Half types run tensor-core
 // (mma.sync) mainloops (query in registers for dim <= 256, K-streamed through shared
 // memory above), fp32/fp64 the SIMT FFMA mainloop.

@@ -2,6 +2,7 @@
 // stream, fill the plain params struct and call the torch-free launchers (launch.h).
 // No host synchronisation: every launch is enqueued on the current stream.
 #include <ATen/ATen.h>
+#include <ATen/Context.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>  // at::cuda::getCurrentCUDAStream is this function
 
@@ -178,6 +179,55 @@ int rerank_variant() {
   return v;
 }
 
+// float32 embeddings under torch.set_float32_matmul_precision (launch.h, RoundInputs): "high"
+// and "medium" score rounded copies on the 16-bit kernels, "highest" (torch's default) keeps
+// float32 products. Only well-formed float32 calls are rounded; anything else goes on to the
+// checks and their errors unchanged. Gradients never use the copies: the backward gathers the
+// float32 rows that the forward's argmax names, so they are float32 exact under every setting.
+class Float32Rounding {
+ public:
+  Float32Rounding(const at::Tensor& q, const at::Tensor& d, const DocumentStorage& st) {
+    if (q.scalar_type() != at::kFloat || !q.is_cuda() || st.residual()) return;
+    const auto precision = at::globalContext().float32MatmulPrecision();
+    if (precision == at::Float32MatmulPrecision::HIGHEST) return;
+    const bool float_documents = d.scalar_type() == at::kFloat;
+    if (!float_documents && doc_format_of(d) == DocFormat::kNative) return;
+    if (d.device() != q.device() || !q.is_contiguous() || !d.is_contiguous()) return;
+    r_.to_bf16 = precision == at::Float32MatmulPrecision::MEDIUM;
+    const auto rounded = q.options().dtype(r_.to_bf16 ? at::kBFloat16 : at::kHalf);
+    q_ = at::empty(q.sizes(), rounded);
+    add(q, q_);
+    if (float_documents) {
+      d_ = at::empty(d.sizes(), rounded);
+      add(d, d_);
+    }
+    if (!r_.to_bf16) {
+      amax_ = at::empty({r_.tensors}, q.options().dtype(at::kInt));
+      r_.amax = reinterpret_cast<uint32_t*>(amax_.data_ptr<int32_t>());
+    }
+    r_.num_sms = num_sms();
+    r_.stream = c10::cuda::getCurrentCUDAStream().stream();
+    check_launch(launch_round_inputs(r_));
+  }
+  const at::Tensor& queries(const at::Tensor& q) const { return q_.defined() ? q_ : q; }
+  const at::Tensor& documents(const at::Tensor& d) const { return d_.defined() ? d_ : d; }
+  // Scores of "high"'s scaled copies carry a power of two; this takes it out exactly.
+  void unscale(const at::Tensor& scores) const {
+    if (!amax_.defined() || scores.numel() == 0) return;
+    check_launch(launch_unscale_scores(r_, scores.data_ptr<float>(), scores.numel()));
+  }
+
+ private:
+  void add(const at::Tensor& src, const at::Tensor& dst) {
+    r_.src[r_.tensors] = src.numel() > 0 ? src.data_ptr<float>() : nullptr;
+    r_.dst[r_.tensors] = dst.numel() > 0 ? dst.data_ptr() : nullptr;
+    r_.n[r_.tensors] = src.numel();
+    ++r_.tensors;
+  }
+  RoundInputs r_;
+  at::Tensor q_, d_, amax_;
+};
+
 // The Problem of each surface: shape checks, sizes, index tensors. The caller holds a
 // CUDAGuard for the queries' device (the stream read here is that device's).
 Problem base_problem(Surface surface, const at::Tensor& q, const at::Tensor& d, const DocumentStorage& st) {
@@ -346,10 +396,14 @@ std::tuple<at::Tensor, at::Tensor> padded_forward(const at::Tensor& queries, con
                                                   bool with_argmax,
     const maxsim_storage::DocumentStorage& storage) {
   const c10::cuda::CUDAGuard guard(queries.device());
+  const Float32Rounding rounded(queries, documents, storage);
+  const at::Tensor& q = rounded.queries(queries);
   auto p = with_problem<ForwardParams>(
-      padded_problem(queries, documents, query_lengths, doc_lengths, storage));
+      padded_problem(q, rounded.documents(documents), query_lengths, doc_lengths, storage));
   p.rerank_variant = rerank_variant();
-  return run_forward(p, queries, {p.num_queries, p.cands}, p.lq, with_argmax);
+  auto out = run_forward(p, q, {p.num_queries, p.cands}, p.lq, with_argmax);
+  rounded.unscale(std::get<0>(out));
+  return out;
 }
 
 std::tuple<at::Tensor, at::Tensor> contrastive_forward(const at::Tensor& queries, const at::Tensor& documents,
@@ -358,10 +412,14 @@ std::tuple<at::Tensor, at::Tensor> contrastive_forward(const at::Tensor& queries
                                                        bool with_argmax,
     const maxsim_storage::DocumentStorage& storage) {
   const c10::cuda::CUDAGuard guard(queries.device());
+  const Float32Rounding rounded(queries, documents, storage);
+  const at::Tensor& q = rounded.queries(queries);
   auto p = with_problem<ForwardParams>(
-      contrastive_problem(queries, documents, document_offsets, query_lengths, storage));
+      contrastive_problem(q, rounded.documents(documents), document_offsets, query_lengths, storage));
   p.variant = contrastive_variant();
-  return run_forward(p, queries, {p.num_queries, p.num_docs}, p.lq, with_argmax);
+  auto out = run_forward(p, q, {p.num_queries, p.num_docs}, p.lq, with_argmax);
+  rounded.unscale(std::get<0>(out));
+  return out;
 }
 
 std::tuple<at::Tensor, at::Tensor> contrastive_padded_forward(const at::Tensor& queries,
@@ -371,10 +429,14 @@ std::tuple<at::Tensor, at::Tensor> contrastive_padded_forward(const at::Tensor& 
                                                               bool with_argmax,
     const maxsim_storage::DocumentStorage& storage) {
   const c10::cuda::CUDAGuard guard(queries.device());
+  const Float32Rounding rounded(queries, documents, storage);
+  const at::Tensor& q = rounded.queries(queries);
   auto p = with_problem<ForwardParams>(
-      contrastive_padded_problem(queries, documents, document_lengths, query_lengths, storage));
+      contrastive_padded_problem(q, rounded.documents(documents), document_lengths, query_lengths, storage));
   p.variant = contrastive_variant();
-  return run_forward(p, queries, {p.num_queries, p.num_docs}, p.lq, with_argmax);
+  auto out = run_forward(p, q, {p.num_queries, p.num_docs}, p.lq, with_argmax);
+  rounded.unscale(std::get<0>(out));
+  return out;
 }
 
 std::tuple<at::Tensor, at::Tensor> packed_forward(const at::Tensor& queries, const at::Tensor& query_offsets,
@@ -385,12 +447,16 @@ std::tuple<at::Tensor, at::Tensor> packed_forward(const at::Tensor& queries, con
     const maxsim_storage::DocumentStorage& storage) {
   TORCH_CHECK(max_q_len >= 0, "maxsim: max_q_len must be >= 0");
   const c10::cuda::CUDAGuard guard(queries.device());
+  const Float32Rounding rounded(queries, documents, storage);
+  const at::Tensor& q = rounded.queries(queries);
   auto p = with_problem<ForwardParams>(
-      packed_problem(queries, query_offsets, documents, document_offsets, pair_query_ids, pair_document_ids,
-                     storage));
+      packed_problem(q, query_offsets, rounded.documents(documents), document_offsets, pair_query_ids,
+                     pair_document_ids, storage));
   p.max_q_len = max_q_len;
   p.rerank_variant = rerank_variant();
-  return run_forward(p, queries, {p.pairs}, max_q_len, with_argmax);
+  auto out = run_forward(p, q, {p.pairs}, max_q_len, with_argmax);
+  rounded.unscale(std::get<0>(out));
+  return out;
 }
 
 // Every gradient row has one owner. Padded rows are all owned by some (b, c) / b; a

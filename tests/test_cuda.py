@@ -4,6 +4,7 @@ Skipped unless a CUDA backend was built (see conftest.BACKENDS). Expected values
 large shapes are computed on the GPU in float64, chunked so no [Lq, Ld] float64 matrix
 grows past a few hundred MB.
 """
+import math
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import torch
 
 from conftest import (
     BACKENDS, REF, REPO_ROOT, Contrastive, ContrastivePadded, Padded, SURFACES,
-    as_padded_documents, assert_grads, assert_scores, ids,
+    as_padded_documents, assert_grads, assert_scores, expected_grads, ids,
     load_kernel, make_case, make_contrastive, make_packed, make_padded, run_train, unit,
 )
 
@@ -388,35 +389,101 @@ def matmul_precision():
     torch.set_float32_matmul_precision(before)
 
 
+def rounded_as_the_kernels_see_it(x, precision):
+    """(copy, k): what "medium" / "high" score instead of float32 x. "medium": the bfloat16
+    rounding, k = 0. "high": the float16 rounding of x * 2^k, k = 14 when x's largest finite
+    magnitude lies in [2^-9, 2), else the k that brings it into [2^14, 2^15) (round_inputs.cu),
+    written here from the rule, not from the kernel."""
+    if precision == "medium":
+        return x.bfloat16(), 0
+    finite = x[x.isfinite()].abs()
+    amax = float(finite.max()) if finite.numel() else 0.0
+    e = math.frexp(amax)[1] - 1 if amax > 0 else 0
+    k = 14 if amax == 0 or -9 <= e <= 0 else 14 - e
+    return (x.double() * 2.0 ** k).half(), k
+
+
+def scores_of_rounded(ms, case, form, precision):
+    """The scores (and argmax) of the 16-bit kernels on the roundings, unscaled by 2^-(kq + kd)."""
+    q, kq = rounded_as_the_kernels_see_it(case.queries, precision)
+    d, kd = rounded_as_the_kernels_see_it(case.documents, precision)
+    out = case.with_qd(q, d).call(ms, "_with_argmax")
+    return (out[0].double() * 2.0 ** -(kq + kd)).float(), out[1]
+
+
+@pytest.mark.parametrize("precision", ("high", "medium"))
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("surface", SURFACES)
-def test_float32_precision_medium_is_bfloat16(ms, surface, form, matmul_precision, rng):
-    """"medium": float32 embeddings score as their bfloat16 roundings do on the bfloat16
-    kernels (bitwise), scores float32 and gradients float32; "highest" (torch's default) and
-    "high" keep the float32 path, which differs from the bfloat16 answer."""
+def test_float32_precision_scores_roundings(ms, surface, form, precision, matmul_precision, rng):
+    """"high" / "medium": float32 embeddings score exactly as the 16-bit kernels score their
+    float16 (scaled) / bfloat16 roundings, scores float32; `_train` gradients are the float32
+    ones for that argmax (the backward gathers the float32 rows); "highest" keeps the float32
+    path, which differs."""
     case = make_case(surface, rng, D=64, Lq=20, Ld=70).to(CUDA)
-    as_bf16 = case.with_qd(case.queries.bfloat16(), case.documents.bfloat16())
-
-    def run(c, precision):
-        matmul_precision(precision)
-        if form != "_train":
-            out = c.call(ms, form)
-            return out if isinstance(out, tuple) else (out,)
-        q, d = c.queries.detach().requires_grad_(), c.documents.detach().requires_grad_()
-        scores = c.with_qd(q, d).call(ms, form)
-        g = torch.linspace(-1, 1, scores.numel(), device=CUDA).reshape(scores.shape)
-        gq, gd = torch.autograd.grad((scores * g).sum(), (q, d))
-        return scores.detach(), gq, gd
-
-    medium, want = run(case, "medium"), run(as_bf16, "medium")
-    assert medium[0].dtype == torch.float32
-    assert torch.equal(medium[0].nan_to_num(7.0), want[0].nan_to_num(7.0))
-    if form == "_with_argmax":
-        assert torch.equal(medium[1], want[1])
+    matmul_precision("highest")
+    want, want_argmax = scores_of_rounded(ms, case, form, precision)
+    matmul_precision(precision)
     if form == "_train":
-        for got, ref in zip(medium[1:], want[1:]):
-            assert got.dtype == torch.float32
-            assert torch.equal(got, ref.float())
-    for precision in ("high", "highest"):
-        exact = run(case, precision)[0]
-        assert not torch.equal(exact.nan_to_num(7.0), medium[0].nan_to_num(7.0))
+        g = torch.linspace(-1, 1, want.numel(), device=CUDA).reshape(want.shape)
+        scores, gq, gd = run_train(ms, case, g)
+        exp = expected_grads(case, g, want_argmax)
+        assert_grads(gq, exp[0], exp[2], torch.float32)
+        assert_grads(gd, exp[1], exp[3], torch.float32)
+    else:
+        out = case.call(ms, form)
+        scores = out[0] if isinstance(out, tuple) else out
+        if form == "_with_argmax":
+            assert torch.equal(out[1], want_argmax)
+    assert scores.dtype == torch.float32
+    assert torch.equal(scores.detach().nan_to_num(7.0), want.nan_to_num(7.0))
+    matmul_precision("highest")
+    exact = case.call(ms, "")
+    assert not torch.equal(exact.nan_to_num(7.0), want.nan_to_num(7.0))
+
+
+@pytest.mark.parametrize("scale", (1.0, 3e3, 5e-4, 1e15, 1e-15, "nonfinite"))
+@pytest.mark.parametrize("surface", ("padded", "contrastive"))
+def test_float32_high_scales_by_the_largest_finite_value(ms, surface, scale, matmul_precision, rng):
+    """"high" picks each tensor's power of two from its largest finite magnitude: inputs far
+    from unit size (the second pass re-rounds them), and inf / NaN entries (which it skips)
+    score as the float16 roundings of the scaled copies, within TF32's bound of float64."""
+    case = make_case(surface, rng, D=32, Lq=12, Ld=40).to(CUDA)
+    q, d = case.queries.clone(), case.documents.clone()
+    if scale == "nonfinite":
+        q.view(-1)[3] = float("nan")
+        d.view(-1)[5] = float("inf")
+        d.view(-1)[-1] = 3e5  # past float16's range unless scaled
+    else:
+        q, d = q * scale, d * (1 / scale if abs(math.log10(scale)) < 10 else scale)
+    case = case.with_qd(q, d)
+    matmul_precision("highest")
+    want, want_argmax = scores_of_rounded(ms, case, "", "high")
+    matmul_precision("high")
+    got, argmax = case.call(ms, "_with_argmax")
+    assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0))
+    assert torch.equal(argmax, want_argmax)
+    if scale != "nonfinite":
+        ref = case.reference()[0]
+        bound = case.with_qd(q.abs(), d.abs()).reference()[0]  # sum over i of |q_i| . |d_j| at some j
+        err = (got.cpu().double() - ref).abs()
+        finite = ref.isfinite()
+        assert (err[finite] <= 2.0 ** -7 * bound.abs()[finite] + 1e-30).all(), float(err[finite].max())
+
+
+@pytest.mark.parametrize("fmt", ("int8", "float8_e4m3fn"))
+@pytest.mark.parametrize("precision", ("high", "medium"))
+def test_float32_precision_rounds_queries_of_compressed_documents(ms, fmt, precision, matmul_precision, rng):
+    """float32 queries against int8 / e4m3 documents: "high" / "medium" round the queries
+    only, as for float documents."""
+    case = make_padded(rng, 3, 4, 10, 50, 64, device=CUDA)
+    values, scales = ms.quantize_documents(case.documents, fmt)
+    q16, kq = rounded_as_the_kernels_see_it(case.queries * 40.0, precision)
+    args = (case.query_lengths, case.doc_lengths)
+    matmul_precision("highest")
+    want = ms.score_candidates_padded(q16, values, *args, document_scales=scales)
+    want = (want.double() * 2.0 ** -kq).float()
+    exact = ms.score_candidates_padded(case.queries * 40.0, values, *args, document_scales=scales)
+    matmul_precision(precision)
+    got = ms.score_candidates_padded(case.queries * 40.0, values, *args, document_scales=scales)
+    assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0))
+    assert not torch.equal(got.nan_to_num(7.0), exact.nan_to_num(7.0))

@@ -270,16 +270,17 @@ def test_packed_and_contrastive_equal_padded(device, values, rng):
 
 
 def test_float32_matmul_precision_leaves_the_cpu_exact(cpu_kernel, rng):
-    """torch.set_float32_matmul_precision("medium") lets a GPU score float32 as bfloat16; the
-    CPU path stays float32 under every setting."""
+    """torch.set_float32_matmul_precision("high" / "medium") lets a GPU score float32 as
+    float16 / bfloat16 roundings; the CPU path stays float32 under every setting."""
     case = make_case("padded", rng, D=32)
     before = torch.get_float32_matmul_precision()
     try:
         torch.set_float32_matmul_precision("highest")
         exact = case.call(cpu_kernel, "_with_argmax")
-        torch.set_float32_matmul_precision("medium")
-        medium = case.call(cpu_kernel, "_with_argmax")
+        for precision in ("high", "medium"):
+            torch.set_float32_matmul_precision(precision)
+            rounded = case.call(cpu_kernel, "_with_argmax")
+            assert torch.equal(exact[0].nan_to_num(7.0), rounded[0].nan_to_num(7.0))
+            assert torch.equal(exact[1], rounded[1])
     finally:
         torch.set_float32_matmul_precision(before)
-    assert torch.equal(exact[0].nan_to_num(7.0), medium[0].nan_to_num(7.0))
-    assert torch.equal(exact[1], medium[1])

@@ -27,33 +27,11 @@ def _call(op, args, qi, di):
     through the normal dispatch.
     """
     queries, documents = args[qi], args[di]
-    if queries.dtype is torch.float32 and documents.dtype is torch.float32 \
-            and _matmul_precision() == "medium" and queries.is_cuda:
-        args = _as_bfloat16(args, qi, di)
     if (torch.is_grad_enabled() and (queries.requires_grad or documents.requires_grad)) \
             or torch.compiler.is_compiling():
         return op(*args)
     with torch._C._AutoDispatchBelowAutograd():
         return op(*args)
-
-
-@torch.compiler.assume_constant_result
-def _matmul_precision() -> str:
-    """torch.get_float32_matmul_precision(), which torch.compile cannot trace (it returns a
-    str): read when the graph is traced, as the compiler reads it for its own matmuls."""
-    return torch.get_float32_matmul_precision()
-
-
-def _as_bfloat16(args, qi, di):
-    """float32 embeddings on a GPU under torch.set_float32_matmul_precision("medium"): the
-    setting's bargain, as torch.matmul takes it: the products of bfloat16-rounded inputs, on
-    the bfloat16 tensor-core kernels, accumulated and scored in float32. The casts are
-    differentiable, so `_train` gradients come back float32. ("high" and "highest" keep the
-    float32 FFMA path.)"""
-    args = list(args)
-    args[qi] = args[qi].to(torch.bfloat16)
-    args[di] = args[di].to(torch.bfloat16)
-    return tuple(args)
 
 
 def _tensor(name, t, what):
