@@ -20,13 +20,13 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import compare as C  # noqa: E402
 import workloads as W  # noqa: E402
 
-DEFAULT = ("ColBERTCorpus", "ContrastiveD256", "ContrastiveD512", "ContrastiveD1024", "BigColBERT",
+DEFAULT = ("ColBERTCorpus", "Contrastive", "ContrastiveD256", "ContrastiveD512", "ContrastiveD1024", "BigColBERT",
            "HeavyRerank", "Rerank")
 
 
 def float64_scores(x):
     """The float64 answer of the workload's inference call (inference workloads only)."""
-    t = {k: v.double() if v.is_floating_point() else v for k, v in x.t.items()}
+    t = {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in x.t.items()}
     return W.naive_call(dataclasses.replace(x, dtype=torch.float64, t=t)).double()
 
 

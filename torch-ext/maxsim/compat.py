@@ -109,10 +109,18 @@ def _all_vs_all(queries: torch.Tensor, documents: torch.Tensor, dtype: torch.dty
         return _api.score_contrastive_padded_train(*args).to(dtype)
     if queries.dtype not in _HALF:
         return _api.score_contrastive_padded(*args).to(dtype)
-    argmax = _api.score_contrastive_padded_with_argmax(*args)[1]
-    first_row = (torch.arange(nb, device=documents.device) * ld)[None, :, None]
-    return _library_sum(queries, documents.reshape(nb * ld, -1), argmax.long() + first_row,
-                        dtype)
+    nq, lq = queries.shape[0], queries.shape[1]
+    maxima = _api.score_contrastive_padded(queries.reshape(nq * lq, 1, -1), documents, lengths)
+    return _rounded_sum(maxima.reshape(nq, lq, nb).transpose(1, 2), queries.dtype, dtype)
+
+
+def _rounded_sum(maxima: torch.Tensor, embedding_dtype: torch.dtype, dtype: torch.dtype):
+    """The libraries' sum_i m_i over the last axis of `maxima` [..., Lq] (float32 per-token
+    maxima): each m_i rounded to the embedding dtype, as their einsum leaves it (rounding is
+    monotone, so the rounded max is the max of the rounded similarities), then summed in
+    `dtype`. The maxima come from the kernel run with one-token queries, which the contrastive
+    surfaces stack 64 to a block: no gather of the winning rows."""
+    return maxima.to(embedding_dtype).to(dtype).sum(-1)
 
 
 def _per_query(queries: torch.Tensor, documents: torch.Tensor, dtype: torch.dtype):
@@ -270,9 +278,10 @@ def score_multi_vector(qs, ps, batch_size: int = 128, device=None) -> torch.Tens
     float32 on the CPU, from lists of [L_i, d] tensors or padded [N, L, d] tensors.
 
     colpali-engine zero-pads pages per chunk of `batch_size`, so a page shorter than the longest
-    page of its chunk also competes with a zero vector (similarity 0). Here every query meets
-    every page in one call over the pages padded once: such a page's length counts one zero
-    padding row, which reproduces that candidate exactly.
+    page of its chunk also competes with a zero vector (similarity 0). Here the pages are packed
+    (one concatenation, no padded copy of every page), the kernel gives each padded query row's
+    maximum over each page, a page that would have been padded takes max(m, 0), and the maxima
+    are rounded and summed per query as the library's arithmetic does.
     """
     device = device or ("cuda:0" if torch.cuda.is_available() else "cpu")
     if len(qs) == 0:
@@ -281,21 +290,29 @@ def score_multi_vector(qs, ps, batch_size: int = 128, device=None) -> torch.Tens
         raise ValueError("No passages provided")
     # Zero rows of a padded query add max_j <0, d_j> = 0 to every score: they may count.
     queries = _padded(qs).to(device)
-    pages = _padded(ps).to(device)
-    _check_tokens("ps", pages)
     if isinstance(ps, torch.Tensor):
-        lengths = None  # every row of a padded tensor is a token to the library
+        _check_tokens("ps", ps)
+        pages = ps.to(device)
+        counts = [pages.shape[1]] * pages.shape[0]
+        pages = pages.reshape(-1, pages.shape[-1])
+        padded_short = None  # every row of a padded tensor is a token to the library
     else:
         counts = [p.shape[0] for p in ps]
-        lengths = []
+        padded_short = []
         for start in range(0, len(counts), batch_size):
             chunk = counts[start:start + batch_size]
             if max(chunk) == 0:
                 raise IndexError(f"ps[{start}:{start + len(chunk)}] has no tokens: the max over "
                                  "them is undefined, as in the library's own code")
-            lengths += [n + (n < max(chunk)) for n in chunk]
-        lengths = torch.tensor(lengths, dtype=torch.int32).to(device)
-    scores = _all_vs_all(queries, pages, queries.dtype, lengths)
+            padded_short += [n < max(chunk) for n in chunk]
+        pages = torch.cat(list(ps)).to(device)
+    offsets = torch.tensor([0] + counts, dtype=torch.int64).cumsum(0).to(device)
+    nq, lq = queries.shape[0], queries.shape[1]
+    maxima = _api.score_contrastive(queries.reshape(nq * lq, 1, -1), pages, offsets)
+    if padded_short is not None and any(padded_short):
+        short = torch.tensor(padded_short).to(device)
+        maxima = torch.where(short, maxima.clamp_min(0), maxima)
+    scores = _rounded_sum(maxima.reshape(nq, lq, -1).transpose(1, 2), queries.dtype, queries.dtype)
     return scores.cpu().to(torch.float32)
 
 
