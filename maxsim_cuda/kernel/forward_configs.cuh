@@ -268,8 +268,11 @@ template <class T, class Acc>
 cudaError_t launch_forward_simt(const ForwardParams& p) {
   const int bm = pick_bm(p);
   if (bm == 32) return run_any_surface<SimtMainloop<T, Acc, 32>>(p);
-  if (bm == 64) return run_any_surface<SimtMainloop<T, Acc, 64>>(p);
-  return run_any_surface<SimtMainloop<T, Acc, 128>>(p);
+  // float64's 128 x 8 thread tile would spill (128 accumulator registers): taller query
+  // blocks run as 64-row chunks
+  if (bm == 64 || sizeof(Acc) == 8) return run_any_surface<SimtMainloop<T, Acc, 64>>(p);
+  if constexpr (sizeof(Acc) == 4) return run_any_surface<SimtMainloop<T, Acc, 128>>(p);
+  return cudaErrorInvalidValue;
 }
 
 // ---- compressed documents (int8 / e4m3 with row scales; doc_format.cuh) ----

@@ -14,21 +14,56 @@
 namespace maxsim_cuda {
 namespace kernel {
 
-// SIMT FFMA mainloop: 256 threads as 16 x 16, each a TM x TN register tile. Compressed
+// N consecutive shared-memory values into out, 16 bytes at a time where N allows (the
+// caller keeps p aligned to the run's size).
+template <int N, class A>
+__device__ __forceinline__ void load_run(const A* p, A* out) {
+  if constexpr (sizeof(A) == 4 && N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+      const float4 v = reinterpret_cast<const float4*>(p)[i];
+      out[4 * i] = v.x, out[4 * i + 1] = v.y, out[4 * i + 2] = v.z, out[4 * i + 3] = v.w;
+    }
+  } else if constexpr (sizeof(A) == 4 && N % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      const float2 v = reinterpret_cast<const float2*>(p)[i];
+      out[2 * i] = v.x, out[2 * i + 1] = v.y;
+    }
+  } else if constexpr (sizeof(A) == 8 && N % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      const double2 v = reinterpret_cast<const double2*>(p)[i];
+      out[2 * i] = v.x, out[2 * i + 1] = v.y;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = p[i];
+  }
+}
+
+// SIMT FFMA mainloop: 256 threads as 16 x 16, each a TM x 8 register tile. Compressed
 // documents (F) are widened to their exact float values as they enter shared memory, and
 // each similarity is multiplied by its row's scale before it meets the max.
+//
+// Per k step a thread reads its TM query values and its 8 document values as 16-byte runs
+// (two runs of four columns, tx * 4 and 64 + tx * 4, so that eight lanes' runs tile 128
+// contiguous bytes: no bank conflict) for 8 * TM FMAs. The next K chunk's global loads are
+// issued into registers before the current chunk's FMAs, so their latency hides under them.
 template <class T, class Acc_, int BM_, DocFormat F = DocFormat::kNative>
 struct SimtMainloop {
   using Elem = T;
   using DocT = DocElem<T, F>;
   using Acc = Acc_;
   static constexpr bool kPipelined = false;
-  static constexpr int BM = BM_, BN = 64, kStages = 1;
+  static constexpr int BM = BM_, BN = 128, kStages = 1;
   static constexpr int kThreads = 256, kMinBlocks = 1;
-  static constexpr int TM = BM / 16, TN = BN / 16;
+  static constexpr int TM = BM / 16, TN = 8;
   static constexpr int KC = sizeof(Acc) == 8 ? 16 : 32;
   static constexpr int QP = BM + 4, DP = BN + 4;  // padded strides (16-byte aligned rows)
   static constexpr int kSlots = 1;
+  static constexpr int QL = BM * KC / kThreads, DL = BN * KC / kThreads;  // prefetched values a thread
+  static_assert(BM * KC % kThreads == 0 && TN == 8 && BN == 16 * TN, "thread tile shape");
 
   static constexpr size_t smem_bytes() {
     return (size_t(KC) * QP + size_t(KC) * DP) * sizeof(Acc) + size_t(BM) * sizeof(int);
@@ -79,6 +114,40 @@ struct SimtMainloop {
     }
   }
 
+  // Local column of the thread's c-th document value (increasing with c, as ties need).
+  __device__ __forceinline__ int col_of(int c) const { return (c < 4 ? 0 : BN / 2) + tx * 4 + (c & 3); }
+
+  // The K chunk at k0 of the query block and of the tile, into registers (element e of the
+  // thread: row e / KC, column e % KC, so a warp reads whole 32-element row runs).
+  __device__ __forceinline__ void fetch(Acc (&qv)[QL], Acc (&dv)[DL], const DocT* docs, int64_t row0,
+                                        int cols_valid, int64_t k0) const {
+#pragma unroll
+    for (int i = 0; i < QL; ++i) {
+      const int e = threadIdx.x + i * kThreads, r = e / KC;
+      const int64_t k = k0 + e % KC;
+      qv[i] = (qvalid[r] && k < dim) ? to_acc<Acc>(qbase[int64_t(r) * dim + k]) : Acc(0);
+    }
+#pragma unroll
+    for (int i = 0; i < DL; ++i) {
+      const int e = threadIdx.x + i * kThreads, n = e / KC;
+      const int64_t k = k0 + e % KC;
+      dv[i] = (n < cols_valid && k < dim) ? doc_value(docs, (row0 + n) * dim + k) : Acc(0);
+    }
+  }
+
+  __device__ __forceinline__ void stash(const Acc (&qv)[QL], const Acc (&dv)[DL]) {
+#pragma unroll
+    for (int i = 0; i < QL; ++i) {
+      const int e = threadIdx.x + i * kThreads;
+      qs[(e % KC) * QP + e / KC] = qv[i];
+    }
+#pragma unroll
+    for (int i = 0; i < DL; ++i) {
+      const int e = threadIdx.x + i * kThreads;
+      ds[(e % KC) * DP + e / KC] = dv[i];
+    }
+  }
+
   __device__ __forceinline__ void compute(int, const DocT* docs, int64_t row0, int cols_valid, int col_base, bool) {
     Acc acc[TM][TN];
 #pragma unroll
@@ -86,26 +155,20 @@ struct SimtMainloop {
 #pragma unroll
       for (int c = 0; c < TN; ++c) acc[r][c] = Acc(0);
 
+    Acc qv[QL], dv[DL];
+    __syncthreads();  // the previous tile's chunk consumed (and qvalid written)
+    fetch(qv, dv, docs, row0, cols_valid, 0);
     for (int64_t k0 = 0; k0 < dim; k0 += KC) {
-      __syncthreads();  // previous chunk consumed (and qvalid written)
-      for (int e = threadIdx.x; e < BM * KC; e += kThreads) {
-        const int r = e / KC, kk = e % KC;
-        const int64_t k = k0 + kk;
-        qs[kk * QP + r] = (qvalid[r] && k < dim) ? to_acc<Acc>(qbase[int64_t(r) * dim + k]) : Acc(0);
-      }
-      for (int e = threadIdx.x; e < BN * KC; e += kThreads) {
-        const int n = e / KC, kk = e % KC;
-        const int64_t k = k0 + kk;
-        ds[kk * DP + n] = (n < cols_valid && k < dim) ? doc_value(docs, (row0 + n) * dim + k) : Acc(0);
-      }
+      if (k0 > 0) __syncthreads();  // the previous chunk consumed
+      stash(qv, dv);
       __syncthreads();
-#pragma unroll 8
+      if (k0 + KC < dim) fetch(qv, dv, docs, row0, cols_valid, k0 + KC);
+#pragma unroll 4
       for (int kk = 0; kk < KC; ++kk) {
         Acc a[TM], b[TN];
-#pragma unroll
-        for (int r = 0; r < TM; ++r) a[r] = qs[kk * QP + ty * TM + r];
-#pragma unroll
-        for (int c = 0; c < TN; ++c) b[c] = ds[kk * DP + tx * TN + c];
+        load_run<TM>(qs + kk * QP + ty * TM, a);
+        load_run<4>(ds + kk * DP + tx * 4, b);
+        load_run<4>(ds + kk * DP + BN / 2 + tx * 4, b + 4);
 #pragma unroll
         for (int r = 0; r < TM; ++r)
 #pragma unroll
@@ -115,7 +178,7 @@ struct SimtMainloop {
     Acc scale[TN];
 #pragma unroll
     for (int c = 0; c < TN; ++c) {
-      const int col = tx * TN + c;
+      const int col = col_of(c);
       if constexpr (is_compressed<F>()) {
         scale[c] = (doc_scales != nullptr && col < cols_valid) ? Acc(__ldg(doc_scales + row0 + col)) : Acc(0);
       } else {
@@ -126,7 +189,7 @@ struct SimtMainloop {
     for (int r = 0; r < TM; ++r)
 #pragma unroll
       for (int c = 0; c < TN; ++c) {
-        const int col = tx * TN + c;
+        const int col = col_of(c);
         const Acc s = is_compressed<F>() ? acc[r][c] * scale[c] : acc[r][c];
         const Acc v = col < cols_valid ? s : neg_inf<Acc>();
         running_update(m[r], idx[r], v, col_base + col);
