@@ -49,7 +49,8 @@ __device__ __forceinline__ void load_run(const A* p, A* out) {
 // Per k step a thread reads its TM query values and its 8 document values as 16-byte runs
 // (two runs of four columns, tx * 4 and 64 + tx * 4, so that eight lanes' runs tile 128
 // contiguous bytes: no bank conflict) for 8 * TM FMAs. The next K chunk's global loads are
-// issued into registers before the current chunk's FMAs, so their latency hides under them.
+// issued into registers before the current chunk's FMAs, so their latency hides under them,
+// and stored into the other of two shared-memory buffers after them: one barrier a chunk.
 template <class T, class Acc_, int BM_, DocFormat F = DocFormat::kNative>
 struct SimtMainloop {
   using Elem = T;
@@ -65,12 +66,11 @@ struct SimtMainloop {
   static constexpr int QL = BM * KC / kThreads, DL = BN * KC / kThreads;  // prefetched values a thread
   static_assert(BM * KC % kThreads == 0 && TN == 8 && BN == 16 * TN, "thread tile shape");
 
-  static constexpr size_t smem_bytes() {
-    return (size_t(KC) * QP + size_t(KC) * DP) * sizeof(Acc) + size_t(BM) * sizeof(int);
-  }
+  static constexpr size_t kBuffer = size_t(KC) * (QP + DP);  // one chunk: [KC][QP] then [KC][DP]
 
-  Acc* qs;       // [KC][QP]
-  Acc* ds;       // [KC][DP]
+  static constexpr size_t smem_bytes() { return 2 * kBuffer * sizeof(Acc) + size_t(BM) * sizeof(int); }
+
+  Acc* buf;      // two chunk buffers
   int* qvalid;   // [BM]
   const T* qbase;  // queries + global row of block row 0 of this chunk * dim
   const float* doc_scales;  // compressed: one per document row
@@ -82,9 +82,8 @@ struct SimtMainloop {
   __device__ __forceinline__ void init(unsigned char* smem, int64_t dim_, const void*,
                                        const float* scales = nullptr) {
     doc_scales = scales;
-    qs = reinterpret_cast<Acc*>(smem);
-    ds = qs + KC * QP;
-    qvalid = reinterpret_cast<int*>(ds + KC * DP);
+    buf = reinterpret_cast<Acc*>(smem);
+    qvalid = reinterpret_cast<int*>(buf + 2 * kBuffer);
     dim = dim_;
     tx = threadIdx.x % 16;
     ty = threadIdx.x / 16;
@@ -135,7 +134,9 @@ struct SimtMainloop {
     }
   }
 
-  __device__ __forceinline__ void stash(const Acc (&qv)[QL], const Acc (&dv)[DL]) {
+  __device__ __forceinline__ void stash(int b, const Acc (&qv)[QL], const Acc (&dv)[DL]) {
+    Acc* qs = buf + b * kBuffer;
+    Acc* ds = qs + KC * QP;
 #pragma unroll
     for (int i = 0; i < QL; ++i) {
       const int e = threadIdx.x + i * kThreads;
@@ -156,24 +157,30 @@ struct SimtMainloop {
       for (int c = 0; c < TN; ++c) acc[r][c] = Acc(0);
 
     Acc qv[QL], dv[DL];
-    __syncthreads();  // the previous tile's chunk consumed (and qvalid written)
+    __syncthreads();  // the previous tile's buffers consumed (and qvalid written)
     fetch(qv, dv, docs, row0, cols_valid, 0);
-    for (int64_t k0 = 0; k0 < dim; k0 += KC) {
-      if (k0 > 0) __syncthreads();  // the previous chunk consumed
-      stash(qv, dv);
-      __syncthreads();
-      if (k0 + KC < dim) fetch(qv, dv, docs, row0, cols_valid, k0 + KC);
+    stash(0, qv, dv);
+    __syncthreads();
+    int b = 0;
+    for (int64_t k0 = 0; k0 < dim; k0 += KC, b ^= 1) {
+      const bool more = k0 + KC < dim;
+      if (more) fetch(qv, dv, docs, row0, cols_valid, k0 + KC);
+      const Acc* qs = buf + b * kBuffer;
+      const Acc* ds = qs + KC * QP;
 #pragma unroll 4
       for (int kk = 0; kk < KC; ++kk) {
-        Acc a[TM], b[TN];
+        Acc a[TM], b8[TN];
         load_run<TM>(qs + kk * QP + ty * TM, a);
-        load_run<4>(ds + kk * DP + tx * 4, b);
-        load_run<4>(ds + kk * DP + BN / 2 + tx * 4, b + 4);
+        load_run<4>(ds + kk * DP + tx * 4, b8);
+        load_run<4>(ds + kk * DP + BN / 2 + tx * 4, b8 + 4);
 #pragma unroll
         for (int r = 0; r < TM; ++r)
 #pragma unroll
-          for (int c = 0; c < TN; ++c) acc[r][c] = fma(a[r], b[c], acc[r][c]);
+          for (int c = 0; c < TN; ++c) acc[r][c] = fma(a[r], b8[c], acc[r][c]);
       }
+      // the other buffer was last read before the previous barrier
+      if (more) stash(b ^ 1, qv, dv);
+      __syncthreads();
     }
     Acc scale[TN];
 #pragma unroll
