@@ -6,7 +6,8 @@ folders (`cli.py wheels --compat` downloads them) into build/compat-venv and run
 
 (a) runs tests/test_compat.py and tests/integrations/ (the `device` fixture covers CUDA when
     a GPU is present) with MAXSIM_REQUIRE_INTEGRATIONS=1, so a missing library fails;
-(b) times, with CUDA events (median of --reps calls after warm-up), one PyLate `Contrastive`
+(b) times, with CUDA events (median of --reps calls after warm-up), in float32 under each
+    torch.set_float32_matmul_precision setting and in bfloat16, one PyLate `Contrastive`
     training step (stub encoder, batch 64, Lq 32, Ld 180: forward + backward) and one
     `score_multi_vector` call (128 queries x 1,024 pages), through the library's torch path,
     through late-interaction-kernels (when installed; note it excludes padding, so its scores
@@ -131,15 +132,20 @@ def main() -> int:
     compat_semantics.hide_kernels_from_transformers()
     print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"LIK {'installed' if have_lik() else 'not installed'}; ms, median of {args.reps}")
-    print("| workload | dtype | torch | LIK | maxsim |")
-    print("|---|---|---|---|---|")
+    print("| workload | dtype | matmul precision | torch | LIK | maxsim |")
+    print("|---|---|---|---|---|---|")
+    settings = [(torch.float32, "highest"), (torch.float32, "high"), (torch.float32, "medium"),
+                (torch.bfloat16, "highest")]
     for name, fn in (("PyLate Contrastive step (B=64, Lq=32, Ld=180, fwd+bwd)", contrastive_step),
                      ("score_multi_vector (128 x 1,024 pages, Ld<=1030)", multi_vector)):
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype, precision in settings:
+            torch.set_float32_matmul_precision(precision)
             r = fn(ms, dtype, args.reps)
             cells = [f"{r[k]:.3f}" if k in r else "-" for k in ("torch", "LIK", "maxsim")]
-            print(f"| {name} | {str(dtype).split('.')[-1]} | " + " | ".join(cells) + " |",
+            label = precision if dtype == torch.float32 else "-"
+            print(f"| {name} | {str(dtype).split('.')[-1]} | {label} | " + " | ".join(cells) + " |",
                   flush=True)
+    torch.set_float32_matmul_precision("highest")
     return status
 
 
