@@ -323,6 +323,11 @@ def cmd_bench_compat(args) -> int:
     if folders:
         if not (venv / "bin" / "python3").exists():
             run([sys.executable, "-m", "venv", "--system-site-packages", venv])
+            # The device's python3 is itself a virtualenv (torch lives there): a nested venv's
+            # system site is the base interpreter's, so point it at this one's packages too.
+            import site
+            inner = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+            (inner / "outer-venv.pth").write_text("\n".join(site.getsitepackages()) + "\n")
         wheels = [str(w) for f in folders for w in sorted(f.glob("*.whl"))]
         run([venv / "bin" / "pip", "install", "-q", "--no-index", "--no-deps", *wheels], tail=5)
     if args.install_only:
