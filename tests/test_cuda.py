@@ -403,7 +403,7 @@ def rounded_as_the_kernels_see_it(x, precision):
     return (x.double() * 2.0 ** k).half(), k
 
 
-def scores_of_rounded(ms, case, form, precision):
+def scores_of_rounded(ms, case, precision):
     """The scores (and argmax) of the 16-bit kernels on the roundings, unscaled by 2^-(kq + kd)."""
     q, kq = rounded_as_the_kernels_see_it(case.queries, precision)
     d, kd = rounded_as_the_kernels_see_it(case.documents, precision)
@@ -421,7 +421,7 @@ def test_float32_precision_scores_roundings(ms, surface, form, precision, matmul
     path, which differs."""
     case = make_case(surface, rng, D=64, Lq=20, Ld=70).to(CUDA)
     matmul_precision("highest")
-    want, want_argmax = scores_of_rounded(ms, case, form, precision)
+    want, want_argmax = scores_of_rounded(ms, case, precision)
     matmul_precision(precision)
     if form == "_train":
         g = torch.linspace(-1, 1, want.numel(), device=CUDA).reshape(want.shape)
@@ -457,7 +457,7 @@ def test_float32_high_scales_by_the_largest_finite_value(ms, surface, scale, mat
         q, d = q * scale, d * (1 / scale if abs(math.log10(scale)) < 10 else scale)
     case = case.with_qd(q, d)
     matmul_precision("highest")
-    want, want_argmax = scores_of_rounded(ms, case, "", "high")
+    want, want_argmax = scores_of_rounded(ms, case, "high")
     matmul_precision("high")
     got, argmax = case.call(ms, "_with_argmax")
     assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0))
