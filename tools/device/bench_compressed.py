@@ -113,6 +113,8 @@ def main():
         ("HeavyRerank", lambda: padded_call(kernel, ops, 32, 100, 32, 256, 128)),
         ("HeavyRerank bf16", lambda: padded_call(kernel, ops, 32, 100, 32, 256, 128, torch.bfloat16)),
         ("HeavyRerankPacked", lambda: packed_call(kernel, ops, 32, 100, 32, 256, 128)),
+        ("SingleQueryPacked", lambda: packed_call(kernel, ops, 1, 1000, 32, 300, 128)),
+        ("LongDocStressPacked", lambda: packed_call(kernel, ops, 8, 16, 64, 1024, 128)),
         ("SmallRerank", lambda: padded_call(kernel, ops, 32, 10, 32, 180, 128)),
         ("Rerank", lambda: padded_call(kernel, ops, 32, 50, 32, 180, 128)),
         ("SingleQueryRerank", lambda: padded_call(kernel, ops, 1, 1000, 32, 300, 128)),
@@ -125,18 +127,27 @@ def main():
     # BENCH_ROWS=name,name,... keeps those rows only
     keep = [w for w in os.environ.get("BENCH_ROWS", "").split(",") if w]
     rows = [r for r in rows if not keep or r[0] in keep]
-    # mma.sync ms: the same call with MAXSIM_CUDA_FORCE_MMA_SYNC=1 (the Ampere kernels)
-    print(f"{'workload':<20} {'format':<6} {'ms':>8} {'x fp16':>7} {'TB/s':>6} {'mma.sync ms':>12}")
+    # The same call on the other kernels: "bytes ms" the sm_90a kernel with the documents as the
+    # register operand where it applies (MAXSIM_CUDA_HOPPER_WIDEN=0, MAXSIM_CUDA_HOPPER_BYTES=1;
+    # else mma.sync), "mma.sync ms" with MAXSIM_CUDA_FORCE_MMA_SYNC=1 (the Ampere kernels).
+    variants = (("bytes", {"MAXSIM_CUDA_HOPPER_WIDEN": "0", "MAXSIM_CUDA_HOPPER_BYTES": "1"}),
+                ("mma.sync", {"MAXSIM_CUDA_FORCE_MMA_SYNC": "1"}))
+    print(f"{'workload':<20} {'format':<6} {'ms':>8} {'x fp16':>7} {'TB/s':>6}"
+          + "".join(f" {v + ' ms':>12}" for v, _ in variants))
     for name, make in rows:
         calls, qbytes = make()
         base = graph_time_ms(calls["fp16"][0])
         for fmt, (fn, dbytes) in calls.items():
             ms = base if fmt == "fp16" else graph_time_ms(fn)
-            os.environ["MAXSIM_CUDA_FORCE_MMA_SYNC"] = "1"
-            ms_sync = graph_time_ms(fn)
-            os.environ.pop("MAXSIM_CUDA_FORCE_MMA_SYNC")
+            others = []
+            for _, env in variants:
+                os.environ.update(env)
+                others.append(graph_time_ms(fn))
+                for k in env:
+                    os.environ.pop(k)
             tbs = (dbytes + qbytes) / (ms * 1e-3) / 1e12
-            print(f"{name:<20} {fmt:<6} {ms:8.4f} {ms / base:7.3f} {tbs:6.2f} {ms_sync:12.4f}", flush=True)
+            print(f"{name:<20} {fmt:<6} {ms:8.4f} {ms / base:7.3f} {tbs:6.2f}"
+                  + "".join(f" {o:12.4f}" for o in others), flush=True)
         del calls
         torch.cuda.empty_cache()
     print(f"copy rate (2 x 108 MB / time): {copy_rate(108 << 20):.2f} TB/s")
