@@ -4,7 +4,7 @@
 
 #include <cstdlib>
 
-#include "kernel/forward_hopper.cuh"  // hopper_streamed_wanted (host side)
+#include "kernel/hopper_launch.cuh"  // hopper_streamed_wanted (host side)
 #include "kernel/forward_launch.cuh"
 #include "launch.h"
 

@@ -1,5 +1,5 @@
 // The padded and packed forward on sm_90a for compressed documents (int8 / e4m3 with row
-// scales, 64 < dim <= 128): forward_hopper.cuh's producer and step walk, with the roles of the
+// scales, 64 < dim <= 128): the sm_90a producer and step walk (hopper_producer.cuh, hopper_scheduler.cuh), with the roles of the
 // operands swapped so that the document bytes never go back to shared memory as 16-bit values.
 //
 // wgmma takes its B operand from shared memory as 16-bit values only, but its A operand may
@@ -32,7 +32,13 @@
 #pragma once
 
 #include "doc_format.cuh"
-#include "forward_hopper.cuh"
+#include "epilogue.cuh"
+#include "hopper_epilogue.cuh"
+#include "hopper_launch.cuh"
+#include "hopper_pipeline.cuh"
+#include "hopper_primitives.cuh"
+#include "hopper_producer.cuh"
+#include "hopper_scheduler.cuh"
 
 namespace maxsim_cuda {
 namespace kernel {

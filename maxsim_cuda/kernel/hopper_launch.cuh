@@ -1,0 +1,273 @@
+// Host side of the sm_90a kernels: the tensor maps (encoded through the runtime's driver entry
+// point, no libcuda link, cached per thread), the checks that decide whether a call takes an
+// sm_90a kernel, the 64-row block count, and the launch the three kernels share (occupancy,
+// persistent grid, the long queries' chunk scratch). Torch-free.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <type_traits>
+
+#include "../launch.h"
+#include "hopper_epilogue.cuh"
+#include "hopper_pipeline.cuh"
+#include "hopper_primitives.cuh"
+#include "hopper_scheduler.cuh"
+#include "scheduler.cuh"
+#include "scratch.cuh"
+
+namespace maxsim_cuda {
+namespace kernel {
+
+inline bool force_mma_sync() {
+  const char* e = std::getenv("MAXSIM_CUDA_FORCE_MMA_SYNC");
+  return e != nullptr && e[0] == '1';
+}
+
+using TensorMapEncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                          const cuuint64_t*, const cuuint32_t*, const cuuint32_t*,
+                                          CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                          CUtensorMapFloatOOBfill);
+
+inline TensorMapEncodeTiled tensor_map_encoder() {
+  static const TensorMapEncodeTiled fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+#if CUDART_VERSION >= 12050
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
+#else  // the unversioned query (gone in CUDA 13) on older toolkits
+    const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &q);
+#endif
+    if (err != cudaSuccess || q != cudaDriverEntryPointSuccess) return TensorMapEncodeTiled(nullptr);
+    return reinterpret_cast<TensorMapEncodeTiled>(f);
+  }();
+  return fn;
+}
+
+// A tensor map: `type` elements of `elem_bytes`, rank 2 ([rows x dim] row-major, boxes of
+// box_rows x box_cols, 128-byte swizzle) or rank 1 (rows == 0: a vector of dim, boxes of
+// box_cols, no swizzle); zeros outside. false when the driver refuses it.
+struct MapKey {
+  const void* base = nullptr;
+  int64_t rows = 0, dim = 0;
+  int box_rows = 0, box_cols = 0, type = -1;
+  bool operator==(const MapKey& o) const {
+    return base == o.base && rows == o.rows && dim == o.dim && box_rows == o.box_rows && box_cols == o.box_cols &&
+           type == o.type;
+  }
+};
+inline bool encode_map(CUtensorMap& map, const MapKey& k, int elem_bytes) {
+  const TensorMapEncodeTiled encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  const auto type = static_cast<CUtensorMapDataType>(k.type);
+  const cuuint32_t elem_strides[2] = {1u, 1u};
+  if (k.rows == 0) {  // the driver wants a strides array even at rank 1 (it reads none of it)
+    const cuuint64_t dims[1] = {cuuint64_t(k.dim)};
+    const cuuint64_t strides[1] = {cuuint64_t(k.dim) * elem_bytes};
+    const cuuint32_t box[1] = {cuuint32_t(k.box_cols)};
+    return encode(&map, type, 1, const_cast<void*>(k.base), dims, strides, box, elem_strides,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  }
+  const cuuint64_t dims[2] = {cuuint64_t(k.dim), cuuint64_t(k.rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(k.dim) * elem_bytes};
+  const cuuint32_t box[2] = {cuuint32_t(k.box_cols), cuuint32_t(k.box_rows)};
+  return encode(&map, type, 2, const_cast<void*>(k.base), dims, strides, box, elem_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// encode_map through a small per-thread cache: an inference loop or a training step passes
+// the same tensors (or tensors at the same addresses) call after call, and the map depends
+// only on the address, the extents, the box and the type. 16 entries: a loop alternating
+// float16, bfloat16 and compressed calls holds 3 + 3 + 4 maps.
+inline bool cached_map(CUtensorMap& map, const MapKey& key, int elem_bytes) {
+  struct Entry {
+    MapKey key;
+    CUtensorMap map;
+  };
+  constexpr int kEntries = 16;
+  thread_local Entry cache[kEntries];
+  thread_local int next = 0;
+  for (const Entry& e : cache) {
+    if (e.key == key) {
+      map = e.map;
+      return true;
+    }
+  }
+  if (!encode_map(map, key, elem_bytes)) return false;
+  Entry& e = cache[next];
+  next = (next + 1) % kEntries;
+  e.key = key;
+  e.map = map;
+  return true;
+}
+
+// [rows x dim] row-major 16-bit matrix in boxes of box_rows x 64 columns.
+template <class T>
+bool rows_map(CUtensorMap& map, const void* base, int64_t rows, int64_t dim, int box_rows) {
+  const CUtensorMapDataType type =
+      std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  return cached_map(map, MapKey{base, rows, dim, box_rows, 64, static_cast<int>(type)}, 2);
+}
+// [rows x dim] bytes in boxes of box_rows x 128 bytes.
+inline bool byte_rows_map(CUtensorMap& map, const void* base, int64_t rows, int64_t dim, int box_rows) {
+  return cached_map(map, MapKey{base, rows, dim, box_rows, 128, static_cast<int>(CU_TENSOR_MAP_DATA_TYPE_UINT8)}, 1);
+}
+// A float32 vector of n in boxes of `box`.
+inline bool scales_map(CUtensorMap& map, const float* base, int64_t n, int box) {
+  return cached_map(map, MapKey{base, 0, n, 0, box, static_cast<int>(CU_TENSOR_MAP_DATA_TYPE_FLOAT32)}, 4);
+}
+
+// The call as this kernel's grids see it: packed pairs are padded queries of one document
+// each (Nq = P, Lq = max_q_len; see PackedGrid).
+inline ForwardParams hopper_view(const ForwardParams& p) {
+  if (p.surface != Surface::kPacked) return p;
+  ForwardParams v = p;
+  v.num_queries = p.pairs;
+  v.cands = 1;
+  v.lq = p.max_q_len;
+  return v;
+}
+
+// Whether the Hopper kernel takes this call (else the caller runs the mma.sync kernels).
+// Contrastive: dim <= 128 runs the resident shapes, anything wider the streamed ones;
+// padded and packed: the streamed shape at any dim. Packed needs max_q_len >= 1 (it sizes
+// the grid's blocks); a max_q_len above the query tensor's rows is left to the mma.sync
+// kernels too, since every pair would walk ceil(max_q_len / 64) chunks, most without rows.
+// The checks every sm_90a kernel shares; hopper_applies adds this kernel's own (16-bit
+// documents), forward_hopper_bytes.cuh and forward_hopper_widen.cuh theirs (compressed ones).
+inline bool hopper_call_fits(const ForwardParams& p) {
+  constexpr int64_t kCoordLimit = (int64_t(1) << 31) - 256;  // TMA coordinates are int32
+  const bool packed = p.surface == Surface::kPacked;
+  const int64_t lq = packed ? p.max_q_len : p.lq;
+  return lq >= 1 && (!packed || lq <= p.q_rows) && p.dim >= 8 && p.dim % 8 == 0 && p.dim < kCoordLimit &&
+         p.num_queries > 0 && p.num_docs > 0 && p.q_rows > 0 && p.d_rows > 0 && p.q_rows < kCoordLimit &&
+         p.d_rows < kCoordLimit && reinterpret_cast<uintptr_t>(p.queries) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(p.documents) % 16 == 0 && !force_mma_sync() &&
+         wgmma_compiled_for_current_device();
+}
+inline bool hopper_applies(const ForwardParams& p) {
+  return p.doc_format == DocFormat::kNative && hopper_call_fits(p);
+}
+
+// Rows of an average document: padded, the padded length; else the packed rows per document.
+inline int64_t average_doc_rows(const ForwardParams& p) {
+  if (p.surface == Surface::kPadded) return p.ld;
+  return p.num_docs > 0 ? p.d_rows / p.num_docs : 0;
+}
+
+// Padded and packed calls whose average document is shorter than this stay on the mma.sync
+// kernels at dim <= 128. H100, GPU time per call, mma.sync / this kernel: SmallRerank (Ld
+// 180) full 9.2 / 9.4 us, ragged 8.0 / 8.8; Rerank (Ld 180) full 36.1 / 31.7, ragged 26.4 /
+// 28.6; SmallRerankPacked 8.9 / 10.1, HeavyRerankPacked (average ~160 rows) 57.9 / 62.7.
+// From 256 rows on this kernel wins or ties (HeavyRerank full 81.4 / 75.7, ragged 56.6 /
+// 56.8; LongDocStress 16.1 / 10.6, LongDocStressPacked 16.8 / 10.8; ColPaliRerank ragged
+// 67.8 / 64.6, ColPaliRerankPacked 70.3 / 66.0), and at dim > 128 at every length
+// (RerankD256..1024 8-13% faster).
+constexpr int64_t kHopperMinDocRows = 256;
+
+// Whether this kernel is wanted for the call's surface and shape (contrastive: always).
+// MAXSIM_CUDA_HOPPER_PADDED / MAXSIM_CUDA_HOPPER_PACKED = 1 take it for every padded /
+// packed call it can run, 0 for none (read per call: tests and comparisons).
+inline bool hopper_wanted(const ForwardParams& p) {
+  if (p.doc_format != DocFormat::kNative) return false;  // see hopper_applies
+  if (is_contrastive(static_cast<int>(p.surface))) return true;
+  const char* e = std::getenv(p.surface == Surface::kPacked ? "MAXSIM_CUDA_HOPPER_PACKED" : "MAXSIM_CUDA_HOPPER_PADDED");
+  if (e != nullptr && (e[0] == '0' || e[0] == '1')) return e[0] == '1';
+  return p.dim > 128 || average_doc_rows(p) >= kHopperMinDocRows;
+}
+
+// dim > 128 on sm_90a: the dispatcher sends these calls to the K-streaming launcher
+// (launch_forward_mma_k), which tries the streamed shapes first.
+inline bool hopper_streamed_wanted(const ForwardParams& p) {
+  return p.dim > 128 && hopper_wanted(p) && hopper_applies(p);
+}
+
+// 64-row query blocks of a call (hopper_view's terms): the contrastive policy's blocks of
+// 64 / Lq stacked queries (make_contrastive(p, 64)), padded and packed: one query (pair) a
+// block; for Lq > 64, ceil(Lq / 64) chunks of every query.
+struct HopperBlocks {
+  int64_t blocks, nchunks;
+};
+inline HopperBlocks hopper_blocks(const ForwardParams& p) {
+  if (p.lq > 64) {
+    const int64_t nchunks = (p.lq + 63) / 64;
+    return {p.num_queries * nchunks, nchunks};
+  }
+  int64_t g = is_contrastive(static_cast<int>(p.surface)) ? 64 / p.lq : 1;
+  if (g > p.num_queries) g = p.num_queries;
+  if (g < 1) g = 1;
+  return {(p.num_queries + g - 1) / g, 1};
+}
+
+// The launch both kernels share (maps: their tensor maps, passed on as kernel arguments).
+// (The kernel is a template argument: the occupancy cache below is per kernel.)
+template <class Shape, auto kKernel, class Policy, class... Maps>
+cudaError_t launch_hopper(const ForwardParams& p, const Policy& pol, const EpilogueArgs& ep, bool& ran,
+                          const Maps&... maps) {
+  const auto kern = kKernel;
+  static_assert(Shape::BM == 64, "hopper_blocks counts 64-row blocks");
+  const HopperBlocks hb = hopper_blocks(p);
+  HopperParams<Policy> hp;
+  hp.pol = pol;
+  hp.nchunks = hb.nchunks;
+  hp.blocks = hb.blocks;
+  hp.kchunks = static_cast<int>((p.dim + 63) / 64);
+  // Set-major steps: a CTA keeps its query set across a contiguous run of documents, and
+  // the CTAs on different sets stream the same documents at about the same time (L2 reuse
+  // when the documents do not fit in L2).
+  hp.sets = (hp.blocks + Shape::kConsumers - 1) / Shape::kConsumers;
+  hp.partial = nullptr;
+  hp.ep = ep;
+  const int64_t steps = hp.sets * pol.Nb;
+  if (steps <= 0) {
+    ran = true;
+    return cudaSuccess;
+  }
+  constexpr size_t smem = HopperSmem<Shape>::bytes();
+  // sm_90: 228 KB of shared memory per SM, 1 KB of it reserved per resident CTA
+  static_assert(Shape::kCtasPerSm * (smem + 1024) <= 228 * 1024, "the planned CTAs per SM do not fit");
+  // Resident CTAs per SM, cached per device: the shape's plan, or fewer if the device
+  // says so (a grid planned for two per SM that got one would run in two waves).
+  static int occupancy[64] = {0};
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  int& occ = occupancy[dev & 63];
+  if (occ == 0) {
+    err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (err != cudaSuccess) return err;
+    int o = 0;
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, kern, Shape::kThreads, smem);
+    if (err != cudaSuccess) return err;
+    occ = o < 1 ? 1 : (o > Shape::kCtasPerSm ? Shape::kCtasPerSm : o);
+  }
+  const int64_t ctas = plan_ctas(steps, p.num_sms, occ);
+  // Long queries' chunk sums: stream-ordered scratch (capturable in a CUDA graph).
+  const size_t partial_bytes = hp.nchunks > 1 ? size_t(hp.blocks) * size_t(pol.Nb) * sizeof(float) : 0;
+  if (partial_bytes > 0) {
+    err = scratch_alloc(reinterpret_cast<void**>(&hp.partial), partial_bytes, p.stream);
+    if (err != cudaSuccess) return err;
+  }
+  ran = true;
+  kern<<<static_cast<unsigned>(ctas), Shape::kThreads, smem, p.stream>>>(hp, maps...);
+  err = cudaGetLastError();
+  if (partial_bytes > 0) {
+    if (err == cudaSuccess) {
+      const int64_t pairs = pol.Nq * pol.Nb;
+      sum_query_chunks<><<<static_cast<unsigned>((pairs + 255) / 256), 256, 0, p.stream>>>(
+          hp.partial, static_cast<float*>(ep.scores), pol.Nq, pol.Nb, hp.nchunks);
+      err = cudaGetLastError();
+    }
+    const cudaError_t ferr = cudaFreeAsync(hp.partial, p.stream);
+    if (err == cudaSuccess) err = ferr;
+  }
+  return err;
+}
+
+}  // namespace kernel
+}  // namespace maxsim_cuda

@@ -1,0 +1,217 @@
+// The producer warp of the sm_90a kernels (one elected lane): walks the CTA's steps, reads
+// each document's rows one step ahead, and issues the TMA loads of the query blocks and the
+// document tiles (whole boxes, or 32-row boxes for bounded loads; the row scales of compressed
+// documents) into the ring, writing each slot's TileInfo. Torch-free.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "hopper_pipeline.cuh"
+#include "hopper_primitives.cuh"
+#include "hopper_scheduler.cuh"
+#include "policies.cuh"
+
+namespace maxsim_cuda {
+namespace kernel {
+
+constexpr int kBoxRows = 32;
+constexpr uint32_t kBoxBytes = kBoxRows * 128;
+
+// Query boxes block b is loaded with: one 64-row box, or (bounded) the 32-row boxes that
+// cover its query's rows; the block rows past them keep stale data, which only reaches
+// accumulator rows that are never reported (the epilogue sums and reports rows < qlen).
+template <class Policy>
+__device__ __forceinline__ int query_boxes(const HopperParams<Policy>& hp, int64_t b) {
+  if constexpr (!Policy::kBoundedLoads) {
+    return 1;
+  } else {
+    int64_t rows = hp.pol.Lq * hp.pol.G;
+    if (hp.nchunks > 1) rows = hp.pol.Lq - (b - div_nonneg(b, hp.nchunks) * hp.nchunks) * 64;
+    rows = rows < 64 ? rows : 64;
+    return static_cast<int>((rows + kBoxRows - 1) / kBoxRows);
+  }
+}
+
+// The producer: one lane. Document rows for step s + 1 are read while step s's tiles are
+// issued, so their latency stays off the ring. A tile takes one slot (resident), or one per
+// K-chunk (streamed); a document without rows takes one slot without data. Bounded loads:
+// a tile with fewer than BN rows left is loaded as ceil(rows / 32) 32-row boxes (tmap), and
+// the slot's expected bytes are exactly those boxes' (TMA counts a whole box, zero-filled
+// rows past the tensor included); the slot rows past them are stale, and the consumers'
+// fold masks their columns by select.
+template <class Shape, class Policy>
+__device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const HopperParams<Policy>& hp, StepRange range,
+                                               const CUtensorMap* qmap, const CUtensorMap* dmap,
+                                               const CUtensorMap* tmap, const CUtensorMap* smap = nullptr) {
+  constexpr int S = Shape::kStages, BN = Shape::BN, KB = Shape::KB, C = Shape::kConsumers;
+  constexpr uint32_t kRowBytes = Shape::kRowBytes;
+  const Policy& pol = hp.pol;
+  int it = 0;
+  int64_t cur_set = -1;
+  uint32_t qround = 0;
+  int blocks = 0;       // query blocks of the current set
+  int64_t first = 0;    // its first block
+  uint32_t qbytes = 0;  // the bytes of one K-block of the set's query blocks
+  // The strided grids' documents belong to one query: their sets must be single blocks.
+  static_assert(C == 1 || !Policy::kStrided, "strided grids: one consumer");
+  prefetch_tensormap(qmap);
+  prefetch_tensormap(dmap);
+  if constexpr (Policy::kBoundedLoads) prefetch_tensormap(tmap);
+  if constexpr (Shape::kScaleBytes > 0) prefetch_tensormap(smap);
+  StepWalk<Policy::kStrided> walk(range, pol.Nb);
+  // A step's index reads, made a step ahead: the document's rows, and on a strided walk
+  // (a query per step) the query's length, which travels in the TileInfo instead of being
+  // read by the consumers per step (a global read and two warpgroup barriers in front of
+  // every step's first tile). A pair grid reads the query's first row here too, from the
+  // pair's ids, which it reads a step earlier still (ids2, for step s2), so that no read
+  // waits for another within a step.
+  struct Ahead {
+    int64_t row0 = 0, len = 0, qrow0 = 0;
+    int32_t qlen = 0;
+    bool ok = false;
+  };
+  [[maybe_unused]] auto read_ahead = [&](int64_t set, int64_t n) {
+    Ahead a;
+    if constexpr (!Policy::kPairRows) {
+      a.ok = pol.doc_rows(block_query(hp, set * C), n, a.row0, a.len);
+      if constexpr (Policy::kStrided) a.qlen = static_cast<int32_t>(pol.qlen_of(block_query(hp, set * C)));
+    }
+    return a;
+  };
+  [[maybe_unused]] auto read_pair = [&](const auto& ids) {
+    Ahead a;
+    if constexpr (Policy::kPairRows) {
+      int64_t ql = 0;
+      a.ok = pol.pair_rows(ids, a.qrow0, ql, a.row0, a.len);
+      a.qlen = a.ok ? static_cast<int32_t>(ql) : -1;
+    }
+    return a;
+  };
+  Ahead next;
+  [[maybe_unused]] int64_t s2 = 0;
+  auto ids2 = [&] {
+    if constexpr (Policy::kPairRows) {
+      // a pair grid's step s is block s (Nb = 1, one consumer)
+      next = read_pair(pol.pair_ids(block_query(hp, walk.s)));
+      s2 = walk.s + gridDim.x;
+      return pol.pair_ids(block_query(hp, s2 < walk.end ? s2 : walk.s));
+    } else {
+      next = read_ahead(walk.set, walk.n);
+      return 0;
+    }
+  }();
+  // Pair grids: the current block's first query row and its 32-row boxes (0: the chunk
+  // holds no query rows, and its document is not loaded).
+  int qrow = 0, qboxes = 0;
+  // Query block g of the set, K-block at column x, into dst (the boxes query_boxes counts).
+  auto load_query = [&](uint32_t dst, uint32_t bar, int g, int x) {
+    if constexpr (Policy::kPairRows) {
+      for (int j = 0; j < qboxes; ++j) tma_load_2d(dst + j * kBoxBytes, qmap, bar, x, qrow + j * kBoxRows);
+    } else if constexpr (Policy::kBoundedLoads) {
+      const int row = static_cast<int>(block_row0(hp, first + g));
+      const int boxes = query_boxes(hp, first + g);
+      for (int j = 0; j < boxes; ++j) tma_load_2d(dst + j * kBoxBytes, qmap, bar, x, row + j * kBoxRows);
+    } else {
+      tma_load_2d(dst, qmap, bar, x, static_cast<int>(block_row0(hp, first + g)));
+    }
+  };
+  while (walk.more()) {
+    const Ahead cur = next;
+    const int64_t cur_n = walk.n, cur_row0 = cur.row0;
+    int64_t cur_len = cur.ok ? cur.len : 0;
+    const bool cur_ok = cur.ok;
+    const int32_t cur_qlen = cur.qlen;
+    const int64_t this_set = walk.set;
+    walk.next();
+    if (walk.more()) {  // consumed one iteration later
+      if constexpr (Policy::kPairRows) {
+        next = read_pair(ids2);
+        s2 += gridDim.x;
+        if (s2 < walk.end) ids2 = pol.pair_ids(block_query(hp, s2));
+      } else {
+        next = read_ahead(walk.set, walk.n);
+      }
+    }
+    if (this_set != cur_set) {
+      first = this_set * C;
+      blocks = static_cast<int>(hp.blocks - first < C ? hp.blocks - first : C);
+      if constexpr (Policy::kPairRows) {
+        const int64_t c = hp.nchunks > 1 ? first - div_nonneg(first, hp.nchunks) * hp.nchunks : 0;
+        const int64_t rows = clamp64(int64_t(cur_qlen) - c * 64, 0, 64);
+        qrow = static_cast<int>(cur.qrow0 + c * 64);
+        qboxes = static_cast<int>((rows + kBoxRows - 1) / kBoxRows);
+        qbytes = uint32_t(qboxes) * kBoxBytes;
+      } else {
+        qbytes = 0;
+        for (int g = 0; g < blocks; ++g) {
+          qbytes += Policy::kBoundedLoads ? uint32_t(query_boxes(hp, first + g)) * kBoxBytes
+                                          : Shape::kQueryBlockBytes / KB;
+        }
+      }
+      if constexpr (!Shape::kStream) {
+        // round r fills buffer r % kQueryBufs once the consumers released its round r - kQueryBufs
+        // (a fresh barrier passes the first wait)
+        constexpr int QB = Shape::kQueryBufs;
+        const int qbuf = static_cast<int>(qround % QB);
+        mbar_wait(smem_addr(&sm.qempty[qbuf]), ((qround / QB) & 1) ^ 1);
+        ++qround;
+        mbar_arrive_expect_tx(smem_addr(&sm.qfull[qbuf]), KB * qbytes);
+        for (int g = 0; g < blocks; ++g) {
+#pragma unroll
+          for (int kb = 0; kb < KB; ++kb) {
+            load_query(smem_addr(sm.query[qbuf][g]) + kb * Shape::BM * kRowBytes, smem_addr(&sm.qfull[qbuf]), g,
+                       kb * 64);
+          }
+        }
+      }
+      cur_set = this_set;
+    }
+    // A chunk without query rows (an empty query, or one shorter than the longest) has
+    // nothing to score: one slot without data carries its step to the epilogue.
+    if (Policy::kPairRows && qboxes == 0) cur_len = 0;
+    const bool data = cur_len > 0;
+    const int64_t ntiles = data ? (cur_len + BN - 1) / BN : 1;
+    const int nk = Shape::kStream && data ? hp.kchunks : 1;
+    for (int64_t t = 0; t < ntiles; ++t) {
+      const int drow = static_cast<int>(cur_row0 + t * BN);
+      const int64_t left = cur_len - t * BN;
+      // 0: the whole tile as one box
+      const int boxes = Policy::kBoundedLoads && left < BN ? static_cast<int>((left + kBoxRows - 1) / kBoxRows) : 0;
+      const uint32_t dbytes =
+          (boxes > 0 ? Shape::kDocBlocks * uint32_t(boxes) * kBoxBytes : Shape::kDocBytes) + Shape::kScaleBytes;
+      const uint32_t tx = !data ? 0u : (Shape::kStream ? qbytes : 0u) + dbytes;
+      const TileInfo info{cur_n, cur_len, static_cast<int32_t>(t),
+                          (cur_ok ? kTileOk : 0) | (t + 1 == ntiles ? kTileLast : 0), cur_qlen, drow & 3};
+      for (int kc = 0; kc < nk; ++kc, ++it) {
+        const int stage = it % S;
+        const uint32_t full = smem_addr(&sm.ring.full[stage]), slot = smem_addr(sm.ring.slot[stage]);
+        mbar_wait(smem_addr(&sm.ring.empty[stage]), ((it / S) & 1) ^ 1);
+        sm.ring.info[stage] = info;
+        mbar_arrive_expect_tx(full, tx);
+        if (!data) continue;
+        if constexpr (Shape::kStream) {
+#pragma unroll
+          for (int g = 0; g < blocks; ++g) load_query(slot + g * Shape::kQueryBlockBytes, full, g, kc * 64);
+        }
+        // a box's first element must sit 16 bytes aligned (else the copy faults with an illegal
+        // instruction): the scales come from the row rounded down to 4, 4 more of them
+        if constexpr (Shape::kScaleBytes > 0) tma_load_1d(slot + Shape::kScaleOffset, smap, full, drow & ~3);
+#pragma unroll
+        for (int kb = 0; kb < Shape::kDocBlocks; ++kb) {
+          const uint32_t dst = slot + Shape::kQueryInSlot + kb * BN * kRowBytes;
+          const int x = Shape::kStream ? kc * 64 : kb * 64;
+          if (boxes == 0) {
+            tma_load_2d(dst, dmap, full, x, drow);
+          } else {
+            for (int j = 0; j < boxes; ++j) tma_load_2d(dst + j * kBoxBytes, tmap, full, x, drow + j * kBoxRows);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace kernel
+}  // namespace maxsim_cuda
