@@ -61,6 +61,7 @@
 namespace maxsim_cuda {
 namespace kernel {
 
+// This warpgroup's MMAs for one tile whose first slot (`it`) is full: S[64 x N] = Q block *
 // tile^T over all columns, N = 128, or 64 / 32 (narrow) when at most N document rows are
 // left. Releases the tile's slots and returns the slot counter past them. Descriptors of the
 // k16 steps are the base descriptors plus constant offsets (the address field is addr / 16

@@ -12,6 +12,10 @@
 namespace maxsim_cuda {
 namespace kernel {
 
+// Epilogue of one 64-row chunk of a long query (all 128 threads of the warpgroup): argmax
+// of its rows, and the ordered sum of its valid rows' maxima into hp.partial. finish_chunk
+// with a chunk-sum destination could do this too, but its general row pass (stacked
+// segments) costs registers: the 4-warpgroup shapes, capped at 96, then spill.
 template <class Policy>
 __device__ __forceinline__ void finish_query_chunk(EpilogueSmem<float, 64, 1>& sm, const HopperParams<Policy>& hp,
                                                    const StepDesc& d, int64_t q, int64_t c, int64_t n, int tid,

@@ -22,6 +22,8 @@
 namespace maxsim_cuda {
 namespace kernel {
 
+// Comparisons only: MAXSIM_CUDA_FORCE_MMA_SYNC=1 keeps the mma.sync kernels on sm_90a.
+// Read on every call (one getenv) so one process can time both paths.
 inline bool force_mma_sync() {
   const char* e = std::getenv("MAXSIM_CUDA_FORCE_MMA_SYNC");
   return e != nullptr && e[0] == '1';

@@ -16,6 +16,8 @@
 namespace maxsim_cuda {
 namespace kernel {
 
+// Rows of a bounded load's box (Policy::kBoundedLoads): four of them at 4 KB offsets leave
+// the same 128-byte-swizzled image as one 128-row box (the swizzle atom is 8 rows, 1 KB).
 constexpr int kBoxRows = 32;
 constexpr uint32_t kBoxBytes = kBoxRows * 128;
 

@@ -41,10 +41,6 @@ __device__ __forceinline__ int64_t block_query(const HopperParams<Policy>& hp, i
   return hp.nchunks == 1 ? b * hp.pol.G : div_nonneg(b, hp.nchunks);
 }
 
-// Epilogue of one 64-row chunk of a long query (all 128 threads of the warpgroup): argmax
-// of its rows, and the ordered sum of its valid rows' maxima into hp.partial. finish_chunk
-// with a chunk-sum destination could do this too, but its general row pass (stacked
-
 // The steps (set, document) a CTA walks, set-major. Contiguous: the CTA's range of
 // consecutive steps, so a set's blocks stay for a run of documents (no divide per step).
 // Strided (the padded grid): steps blockIdx.x, + gridDim.x, ..., so the CTAs stream
@@ -77,8 +73,6 @@ template <bool STRIDED>
 __device__ __forceinline__ StepRange walk_range(int64_t total) {
   return STRIDED ? StepRange{blockIdx.x, total} : cta_steps(total, gridDim.x, blockIdx.x);
 }
-
-// Rows of a bounded load's box (Policy::kBoundedLoads): four of them at 4 KB offsets leave
 
 }  // namespace kernel
 }  // namespace maxsim_cuda
