@@ -219,6 +219,14 @@ struct PackedFn : torch::autograd::Function<PackedFn> {
 
 Pair as_pair(const variable_list& v) { return {v[0], v[1]}; }
 
+// Whether a call can need backward. Most calls cannot (inference, or grad mode off): they go
+// straight to the backend below this key, without an autograd node or the contiguous copies
+// that saving for backward asks for, so the Python entry points need not step around this
+// kernel themselves (which cost more host time than this test).
+bool needs_graph(const Tensor& q, const Tensor& d) {
+  return at::GradMode::is_enabled() && (q.requires_grad() || d.requires_grad());
+}
+
 // The tensors forward saves are the ones backward hands to the backward ops, which read them
 // as contiguous memory: made contiguous here, outside apply, so a strided input still gets
 // its gradient through the copy.
@@ -231,18 +239,39 @@ Storage storage(STORAGE_PARAMS) { return {c(ds), c(codes), c(centroids), c(weigh
 
 Pair padded_forward(const Tensor& q, const Tensor& d, const Tensor& ql, const Tensor& dl, bool with_argmax,
                     STORAGE_PARAMS) {
+  if (!needs_graph(q, d)) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    static const auto op = op_handle<PaddedFwd>("padded_forward");
+    return op.call(q, d, ql, dl, with_argmax, ds, codes, centroids, weights, normalize);
+  }
   return as_pair(PaddedFn::apply(c(q), c(d), c(ql), c(dl), with_argmax, STORAGE_ARGS));
 }
 Pair contrastive_forward(const Tensor& q, const Tensor& d, const Tensor& offsets, const std::optional<Tensor>& ql,
                          bool with_argmax, STORAGE_PARAMS) {
+  if (!needs_graph(q, d)) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    static const auto op = op_handle<ContrastiveFwd>(OffsetDocumentOps::kForward);
+    return op.call(q, d, offsets, ql, with_argmax, ds, codes, centroids, weights, normalize);
+  }
   return as_pair(ContrastiveFn<OffsetDocumentOps>::apply(c(q), c(d), c(offsets), c(ql), with_argmax, STORAGE_ARGS));
 }
 Pair contrastive_padded_forward(const Tensor& q, const Tensor& d, const Tensor& lengths,
                                 const std::optional<Tensor>& ql, bool with_argmax, STORAGE_PARAMS) {
+  if (!needs_graph(q, d)) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    static const auto op = op_handle<ContrastiveFwd>(PaddedDocumentOps::kForward);
+    return op.call(q, d, lengths, ql, with_argmax, ds, codes, centroids, weights, normalize);
+  }
   return as_pair(ContrastiveFn<PaddedDocumentOps>::apply(c(q), c(d), c(lengths), c(ql), with_argmax, STORAGE_ARGS));
 }
 Pair packed_forward(const Tensor& q, const Tensor& q_offsets, const Tensor& d, const Tensor& d_offsets,
                     const Tensor& pq, const Tensor& pd, int64_t max_q_len, bool with_argmax, STORAGE_PARAMS) {
+  if (!needs_graph(q, d)) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    static const auto op = op_handle<PackedFwd>("packed_forward");
+    return op.call(q, q_offsets, d, d_offsets, pq, pd, max_q_len, with_argmax, ds, codes, centroids, weights,
+                   normalize);
+  }
   return as_pair(
       PackedFn::apply(c(q), c(q_offsets), c(d), c(d_offsets), c(pq), c(pd), max_q_len, with_argmax, STORAGE_ARGS));
 }

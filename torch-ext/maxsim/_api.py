@@ -3,9 +3,11 @@
 Each surface has three forms sharing one op: the score, the score with the winning
 document-token index per query token (`_with_argmax`), and a differentiable score
 (`_train`) whose backward is driven by that argmax. The ops check their arguments in C++
-(torch-ext/checks.h) and make them contiguous; what stays here is what only Python can
-see: that an argument is a tensor at all, the caller's grad mode for compressed documents,
-and the packed surface's optional max_q_len.
+(torch-ext/checks.h) and make them contiguous, and their autograd kernel (autograd.cpp)
+builds no graph when nothing needs a gradient, so a call of float documents is the op call
+and nothing else. What stays here is what only Python can see: which argument the op's
+schema refused (named after the fact), the caller's grad mode for compressed documents, and
+the packed surface's optional max_q_len.
 """
 from __future__ import annotations
 
@@ -17,23 +19,6 @@ from ._residual import ResidualCodec
 from . import _registration  # noqa: F401  (registers the fake kernels)
 
 
-def _call(op, args, qi, di):
-    """Run `op` on args (queries at args[qi], documents at args[di]), skipping the autograd
-    kernel when no gradient can flow.
-
-    The autograd kernel is needed only when an embedding requires grad, where it wires
-    backward (or, for inference entry points, refuses it with a clear error); skipping it
-    saves a dispatcher pass on every inference call. Under torch.compile the op is traced
-    through the normal dispatch.
-    """
-    queries, documents = args[qi], args[di]
-    if (torch.is_grad_enabled() and (queries.requires_grad or documents.requires_grad)) \
-            or torch.compiler.is_compiling():
-        return op(*args)
-    with torch._C._AutoDispatchBelowAutograd():
-        return op(*args)
-
-
 def _tensor(name, t, what):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor {what}, got {type(t).__name__}")
@@ -42,6 +27,47 @@ def _tensor(name, t, what):
 def _index(name, t):
     if t is not None and not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of int32 or int64, got {type(t).__name__}")
+
+
+# Each surface's op arguments before max_q_len / with_argmax, for the TypeError that names a
+# non-tensor: (name, shape) for embeddings, a bare name for index tensors (None allowed).
+_PADDED = (("queries", "[B, Lq, D]"), ("documents", "[B, C, Ld, D]"), "query_lengths", "doc_lengths")
+_CONTRASTIVE = (("queries", "[Nq, Lq, D]"), ("documents", "[total_doc_tokens, D]"), "document_offsets",
+                "query_lengths")
+_CONTRASTIVE_PADDED = (("queries", "[Nq, Lq, D]"), ("documents", "[Nb, Ld, D]"), "document_lengths",
+                       "query_lengths")
+_PACKED = (("queries", "[total_query_tokens, D]"), "query_offsets", ("documents", "[total_doc_tokens, D]"),
+           "document_offsets", "pair_query_ids", "pair_document_ids")
+
+
+def _check_types(signature, args):
+    for spec, value in zip(signature, args):
+        if isinstance(spec, tuple):
+            _tensor(spec[0], value, spec[1])
+        else:
+            _index(spec, value)
+
+
+def _run(op, signature, args, document_scales, document_codes, residual_codec):
+    """op(*args, storage...): the one path every entry point takes.
+
+    Float documents (no storage arguments), the common call, go straight to the op: it checks
+    everything about tensors in C++, and its autograd kernel steps aside when nothing needs a
+    gradient. Only when the op's schema refuses an argument does Python look, to raise the
+    TypeError that names it (the schema's own message is about positions and IValues).
+    Compressed and residual documents take the checks that need the caller's grad mode first.
+    """
+    if document_scales is None and document_codes is None and residual_codec is None:
+        try:
+            return op(*args)
+        except RuntimeError as e:
+            error = e
+        _check_types(signature, args)  # outside the handler, so its TypeError is not chained
+        raise error
+    _check_types(signature, args)
+    if document_scales is not None:
+        check.compressed_grad(args[2 if signature is _PACKED else 1], document_scales)
+    return op(*args, *_storage(document_scales, document_codes, residual_codec))
 
 
 def _storage(document_scales, document_codes, residual_codec):
@@ -63,24 +89,7 @@ def _storage(document_scales, document_codes, residual_codec):
     return (document_scales, document_codes, c.centroids, c.bucket_weights, c.normalize)
 
 
-def _python_checks(queries, q_what, documents, d_what, document_scales, *indices):
-    """What the op cannot see: every argument a tensor (`indices`: (name, tensor or None)
-    pairs), and compressed documents' scales a tensor with the documents frozen storage."""
-    _tensor("queries", queries, q_what)
-    _tensor("documents", documents, d_what)
-    for name, t in indices:
-        _index(name, t)
-    if document_scales is not None:
-        check.compressed_grad(documents, document_scales)
-
-
 # ---- padded ------------------------------------------------------------------------------
-
-def _padded_args(queries, documents, query_lengths, doc_lengths, document_scales):
-    _python_checks(queries, "[B, Lq, D]", documents, "[B, C, Ld, D]", document_scales,
-                   ("query_lengths", query_lengths), ("doc_lengths", doc_lengths))
-    return queries, documents, query_lengths, doc_lengths
-
 
 def score_candidates_padded(queries, documents, query_lengths, doc_lengths, *,
                             document_scales=None,
@@ -90,33 +99,27 @@ def score_candidates_padded(queries, documents, query_lengths, doc_lengths, *,
     queries [B, Lq, D], documents [B, C, Ld, D], query_lengths [B], doc_lengths [B, C]
     -> scores [B, C] float32.
     """
-    args = _padded_args(queries, documents, query_lengths, doc_lengths, document_scales)
-    return _call(ops.padded_forward, (*args, False, *_storage(document_scales, document_codes, residual_codec)), 0, 1)[0]
+    return _run(ops.padded_forward, _PADDED, (queries, documents, query_lengths, doc_lengths, False),
+                document_scales, document_codes, residual_codec)[0]
 
 
 def score_candidates_padded_with_argmax(queries, documents, query_lengths, doc_lengths, *,
                                         document_scales=None,
                                         document_codes=None, residual_codec=None):
     """Like score_candidates_padded, plus argmax [B, C, Lq] int32 (-1 where unmatched)."""
-    args = _padded_args(queries, documents, query_lengths, doc_lengths, document_scales)
-    return _call(ops.padded_forward, (*args, True, *_storage(document_scales, document_codes, residual_codec)), 0, 1)
+    return _run(ops.padded_forward, _PADDED, (queries, documents, query_lengths, doc_lengths, True),
+                document_scales, document_codes, residual_codec)
 
 
 def score_candidates_padded_train(queries, documents, query_lengths, doc_lengths, *,
                                   document_scales=None,
                                   document_codes=None, residual_codec=None):
     """Differentiable score_candidates_padded (gradients for queries and documents)."""
-    args = _padded_args(queries, documents, query_lengths, doc_lengths, document_scales)
-    return _call(ops.padded_forward, (*args, True, *_storage(document_scales, document_codes, residual_codec)), 0, 1)[0]
+    return _run(ops.padded_forward, _PADDED, (queries, documents, query_lengths, doc_lengths, True),
+                document_scales, document_codes, residual_codec)[0]
 
 
 # ---- contrastive -------------------------------------------------------------------------
-
-def _contrastive_args(queries, documents, document_offsets, query_lengths, document_scales):
-    _python_checks(queries, "[Nq, Lq, D]", documents, "[total_doc_tokens, D]", document_scales,
-                   ("document_offsets", document_offsets), ("query_lengths", query_lengths))
-    return queries, documents, document_offsets, query_lengths
-
 
 def score_contrastive(queries, documents, document_offsets, *, query_lengths=None,
                       document_scales=None,
@@ -126,34 +129,27 @@ def score_contrastive(queries, documents, document_offsets, *, query_lengths=Non
     queries [Nq, Lq, D], documents [total_doc_tokens, D] packed, document_offsets [Nb + 1],
     optional query_lengths [Nq] (default: all Lq positions count) -> scores [Nq, Nb] float32.
     """
-    args = _contrastive_args(queries, documents, document_offsets, query_lengths, document_scales)
-    return _call(ops.contrastive_forward, (*args, False, *_storage(document_scales, document_codes, residual_codec)), 0, 1)[0]
+    return _run(ops.contrastive_forward, _CONTRASTIVE, (queries, documents, document_offsets, query_lengths, False),
+                document_scales, document_codes, residual_codec)[0]
 
 
 def score_contrastive_with_argmax(queries, documents, document_offsets, *, query_lengths=None,
                                   document_scales=None,
                                   document_codes=None, residual_codec=None):
     """Like score_contrastive, plus argmax [Nq, Nb, Lq] int32 (-1 where unmatched)."""
-    args = _contrastive_args(queries, documents, document_offsets, query_lengths, document_scales)
-    return _call(ops.contrastive_forward, (*args, True, *_storage(document_scales, document_codes, residual_codec)), 0, 1)
+    return _run(ops.contrastive_forward, _CONTRASTIVE, (queries, documents, document_offsets, query_lengths, True),
+                document_scales, document_codes, residual_codec)
 
 
 def score_contrastive_train(queries, documents, document_offsets, *, query_lengths=None,
                             document_scales=None,
                             document_codes=None, residual_codec=None):
     """Differentiable score_contrastive, e.g. for in-batch-negative (InfoNCE) training."""
-    args = _contrastive_args(queries, documents, document_offsets, query_lengths, document_scales)
-    return _call(ops.contrastive_forward, (*args, True, *_storage(document_scales, document_codes, residual_codec)), 0, 1)[0]
+    return _run(ops.contrastive_forward, _CONTRASTIVE, (queries, documents, document_offsets, query_lengths, True),
+                document_scales, document_codes, residual_codec)[0]
 
 
 # ---- contrastive over padded documents ---------------------------------------------------
-
-def _contrastive_padded_args(queries, documents, document_lengths, query_lengths,
-                             document_scales):
-    _python_checks(queries, "[Nq, Lq, D]", documents, "[Nb, Ld, D]", document_scales,
-                   ("document_lengths", document_lengths), ("query_lengths", query_lengths))
-    return queries, documents, document_lengths, query_lengths
-
 
 def score_contrastive_padded(queries, documents, document_lengths, *, query_lengths=None,
                              document_scales=None,
@@ -163,51 +159,51 @@ def score_contrastive_padded(queries, documents, document_lengths, *, query_leng
     queries [Nq, Lq, D], documents [Nb, Ld, D], document_lengths [Nb] (tokens at or past a
     document's length do not count), optional query_lengths [Nq] -> scores [Nq, Nb] float32.
     """
-    args = _contrastive_padded_args(queries, documents, document_lengths, query_lengths,
-                                    document_scales)
-    return _call(ops.contrastive_padded_forward, (*args, False, *_storage(document_scales, document_codes, residual_codec)), 0, 1)[0]
+    return _run(ops.contrastive_padded_forward, _CONTRASTIVE_PADDED,
+                (queries, documents, document_lengths, query_lengths, False),
+                document_scales, document_codes, residual_codec)[0]
 
 
 def score_contrastive_padded_with_argmax(queries, documents, document_lengths, *,
                                          query_lengths=None, document_scales=None,
                                          document_codes=None, residual_codec=None):
     """Like score_contrastive_padded, plus argmax [Nq, Nb, Lq] int32 (-1 where unmatched)."""
-    args = _contrastive_padded_args(queries, documents, document_lengths, query_lengths,
-                                    document_scales)
-    return _call(ops.contrastive_padded_forward, (*args, True, *_storage(document_scales, document_codes, residual_codec)), 0, 1)
+    return _run(ops.contrastive_padded_forward, _CONTRASTIVE_PADDED,
+                (queries, documents, document_lengths, query_lengths, True),
+                document_scales, document_codes, residual_codec)
 
 
 def score_contrastive_padded_train(queries, documents, document_lengths, *, query_lengths=None,
                                    document_scales=None,
                                    document_codes=None, residual_codec=None):
     """Differentiable score_contrastive_padded (gradients for queries and documents)."""
-    args = _contrastive_padded_args(queries, documents, document_lengths, query_lengths,
-                                    document_scales)
-    return _call(ops.contrastive_padded_forward, (*args, True, *_storage(document_scales, document_codes, residual_codec)), 0, 1)[0]
+    return _run(ops.contrastive_padded_forward, _CONTRASTIVE_PADDED,
+                (queries, documents, document_lengths, query_lengths, True),
+                document_scales, document_codes, residual_codec)[0]
 
 
 # ---- packed ------------------------------------------------------------------------------
 
 def _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids,
-                 pair_document_ids, max_q_len, need_width, storage):
-    _python_checks(queries, "[total_query_tokens, D]", documents, "[total_doc_tokens, D]",
-                   storage[0], ("query_offsets", query_offsets),
-                   ("document_offsets", document_offsets), ("pair_query_ids", pair_query_ids),
-                   ("pair_document_ids", pair_document_ids))
+                 pair_document_ids, max_q_len, with_argmax, document_scales, document_codes, residual_codec):
+    """The op's arguments with max_q_len resolved: given (type and sign checked here; whether
+    it covers the longest query, in the op), read from query_offsets when an argmax needs a
+    width, else -1 (the op then uses no width)."""
     if max_q_len is not None:
-        # Type and sign here; whether it covers the longest query, in the op (checks.h).
         check.max_q_len(max_q_len, query_offsets, False)
-    elif need_width:
-        # The argmax width is the longest query: reading it is a host sync on a GPU, so this
-        # path can afford the metadata checks before reading (the op repeats them).
+    elif with_argmax:
+        # Reading the width is a host sync on a GPU, so this path can afford the metadata
+        # checks before reading (the op repeats them).
+        _check_types(_PACKED, (queries, query_offsets, documents, document_offsets, pair_query_ids,
+                               pair_document_ids))
         check.packed_call(queries, query_offsets, documents, document_offsets, pair_query_ids,
-                          pair_document_ids, storage)
+                          pair_document_ids, _storage(document_scales, document_codes, residual_codec))
         n_queries = query_offsets.shape[0] - 1
         max_q_len = int((query_offsets[1:] - query_offsets[:-1]).max()) if n_queries > 0 else 0
     else:
-        max_q_len = -1  # not given, no argmax: the op uses no width (it passes 0 on)
+        max_q_len = -1
     return (queries, query_offsets, documents, document_offsets, pair_query_ids,
-            pair_document_ids, max_q_len)
+            pair_document_ids, max_q_len, with_argmax)
 
 
 def score_pairs_packed(queries, query_offsets, documents, document_offsets, pair_query_ids,
@@ -219,10 +215,9 @@ def score_pairs_packed(queries, query_offsets, documents, document_offsets, pair
     document_offsets [Nd + 1], pair_query_ids [P], pair_document_ids [P] -> scores [P].
     `max_q_len`, if given, must be at least the longest query segment.
     """
-    storage = _storage(document_scales, document_codes, residual_codec)
-    args = _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids,
-                        pair_document_ids, max_q_len, need_width=False, storage=storage)
-    return _call(ops.packed_forward, (*args, False, *storage), 0, 2)[0]
+    args = _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids, pair_document_ids,
+                        max_q_len, False, document_scales, document_codes, residual_codec)
+    return _run(ops.packed_forward, _PACKED, args, document_scales, document_codes, residual_codec)[0]
 
 
 def score_pairs_packed_with_argmax(queries, query_offsets, documents, document_offsets,
@@ -232,20 +227,18 @@ def score_pairs_packed_with_argmax(queries, query_offsets, documents, document_o
 
     Without max_q_len the width is read from query_offsets (a host sync on a GPU).
     """
-    storage = _storage(document_scales, document_codes, residual_codec)
-    args = _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids,
-                        pair_document_ids, max_q_len, need_width=True, storage=storage)
-    return _call(ops.packed_forward, (*args, True, *storage), 0, 2)
+    args = _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids, pair_document_ids,
+                        max_q_len, True, document_scales, document_codes, residual_codec)
+    return _run(ops.packed_forward, _PACKED, args, document_scales, document_codes, residual_codec)
 
 
 def score_pairs_packed_train(queries, query_offsets, documents, document_offsets,
                              pair_query_ids, pair_document_ids, *, max_q_len=None, document_scales=None,
                              document_codes=None, residual_codec=None):
     """Differentiable score_pairs_packed (gradients for queries and documents)."""
-    storage = _storage(document_scales, document_codes, residual_codec)
-    args = _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids,
-                        pair_document_ids, max_q_len, need_width=True, storage=storage)
-    return _call(ops.packed_forward, (*args, True, *storage), 0, 2)[0]
+    args = _packed_args(queries, query_offsets, documents, document_offsets, pair_query_ids, pair_document_ids,
+                        max_q_len, True, document_scales, document_codes, residual_codec)
+    return _run(ops.packed_forward, _PACKED, args, document_scales, document_codes, residual_codec)[0]
 
 
 # ---- PLAID's centroid-only score ---------------------------------------------------------
