@@ -51,3 +51,21 @@ def test_every_backend_has_a_kernel_table_and_flags_follow_kernel_builder():
     nvcc_flags = BUILD_TOOL.torch_nvcc_flags()
     assert not [f for f in nvcc_flags if f.startswith("-D__CUDA_NO_")]
     assert "--expt-relaxed-constexpr" in nvcc_flags
+
+
+def test_the_spill_check_reads_ptxas_reports():
+    """`build.py --compile-only --no-spills` (CI's CUDA compile) fails on what this finds: a
+    report in ptxas -v's format, one kernel per target, only the spilling one named."""
+    report = "\n".join([
+        "ptxas info    : Compiling entry function '_Z6kernelILi3EEvv' for 'sm_90a'",
+        "ptxas info    : Function properties for _Z6kernelILi3EEvv",
+        "    8 bytes stack frame, 4 bytes spill stores, 8 bytes spill loads",
+        "ptxas info    : Used 128 registers, used 16 barriers, 8 bytes cumulative stack size",
+        "ptxas info    : Compiling entry function '_Z6kernelILi3EEvv' for 'sm_80'",
+        "ptxas info    : Function properties for _Z6kernelILi3EEvv",
+        "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads",
+        "ptxas info    : Used 96 registers",
+    ])
+    assert BUILD_TOOL.spills_of(report) == [
+        "sm_90a _Z6kernelILi3EEvv: 4 bytes spill stores, 8 bytes spill loads"]
+    assert BUILD_TOOL.spills_of(report.replace("4 bytes spill stores, 8", "0 bytes spill stores, 0")) == []

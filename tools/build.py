@@ -7,7 +7,7 @@ produces.
         _maxsim_<backend>_<hash>.abi3.so
 
 Usage: python tools/build.py [--backend cpu|cuda|metal|auto] [--archs 9.0a,8.0] [--jobs N]
-                             [--compile-only]
+                             [--compile-only [--no-spills]]
 
 The sources are first copied into a staging folder that holds only the files build.toml
 lists (the `src` of `[torch]` and of the backend's `[kernel.*]` tables); each table's
@@ -22,7 +22,9 @@ ABI defines, the stand-in for kernel-builder's generated registration.h) is expl
 build.toml's header comment.
 
 `--compile-only` compiles every listed unit and links nothing; it works with a CPU build of
-torch, which is how CI checks the CUDA variant on a machine without CUDA libraries.
+torch, which is how CI checks the CUDA variant on a machine without CUDA libraries. With
+`--no-spills` ptxas also reports each kernel's registers (-Xptxas -v, which changes no code),
+and the build fails naming every kernel, unit and target that spills.
 
 The op namespace hashes every input of the build, so two different builds never
 register ops under the same name, and an unchanged tree is not rebuilt.
@@ -123,8 +125,24 @@ def torch_nvcc_flags() -> list[str]:
     return flags + ["-DENABLE_FP8"]
 
 
+def spills_of(ptxas_report: str) -> list[str]:
+    """'target kernel: N bytes spill stores, M bytes spill loads' for every kernel of a ptxas -v
+    report that spills."""
+    found, target, function = [], "?", "?"
+    for line in ptxas_report.splitlines():
+        if "Compiling entry function" in line and " for '" in line:
+            target = line.rsplit(" for '", 1)[1].rstrip("'")
+        elif "Function properties for " in line:
+            function = line.split("Function properties for ", 1)[1].strip()
+        elif "bytes spill stores" in line:
+            stores, loads = (int(part.split()[0]) for part in line.split(",")[1:3])
+            if stores or loads:
+                found.append(f"{target} {function}: {stores} bytes spill stores, {loads} bytes spill loads")
+    return found
+
+
 def build(backend: str, archs: list[str] | None, jobs: int, out: Path,
-          compile_only: bool = False) -> Path | None:
+          compile_only: bool = False, no_spills: bool = False) -> Path | None:
     import torch
 
     config = load_config()
@@ -187,7 +205,7 @@ def build(backend: str, archs: list[str] | None, jobs: int, out: Path,
             includes = [f"-I{staged / inc}" for inc in u.includes] + [f"-I{GENERATED_STANDIN}"]
             if u.src.endswith(".cu"):
                 cmd = [nvcc, *nvcc_base, *u.cuda_flags, *defines, *ns_define, *includes, *sys_inc,
-                       "-c", str(staged / u.src), "-o", str(obj)]
+                       *(["-Xptxas", "-v"] if no_spills else []), "-c", str(staged / u.src), "-o", str(obj)]
             else:
                 cmd = [os.environ.get("CXX", "c++"), *cxx_base, *u.cxx_flags, *defines, *ns_define,
                        *includes, *sys_inc, "-c", str(staged / u.src), "-o", str(obj)]
@@ -195,13 +213,20 @@ def build(backend: str, archs: list[str] | None, jobs: int, out: Path,
             result = subprocess.run(cmd, capture_output=True, text=True)
             if result.returncode != 0:
                 raise RuntimeError(f"compiling {u.src} failed:\n{' '.join(cmd)}\n{result.stdout}{result.stderr}")
+            if no_spills and u.src.endswith(".cu"):
+                spilled.extend(f"{u.src}: {s}" for s in spills_of(result.stdout + result.stderr))
             return obj
 
+        spilled: list[str] = []
         with futures.ThreadPoolExecutor(max_workers=jobs) as pool:
             objects = list(pool.map(compile_one, units))
         if compile_only:
             log(f"compiled {len(objects)} units of the {backend} variant "
                 f"({', '.join(capabilities) if backend == 'cuda' else 'host'}); nothing linked")
+            if spilled:
+                raise SystemExit("register spills (ptxas -v):\n  " + "\n  ".join(sorted(spilled)))
+            if no_spills:
+                log("no kernel spills registers")
             return None
 
         torch_lib = Path(torch.__file__).parent / "lib"
@@ -232,10 +257,14 @@ def main() -> None:
                         help="where the variant folder goes (default: build/)")
     parser.add_argument("--compile-only", action="store_true",
                         help="compile every listed unit, link nothing (CUDA check without CUDA libraries)")
+    parser.add_argument("--no-spills", action="store_true",
+                        help="with --compile-only: fail if ptxas reports a kernel that spills registers")
     args = parser.parse_args()
+    if args.no_spills and not args.compile_only:
+        parser.error("--no-spills goes with --compile-only")
     archs = [a.strip() for a in args.archs.split(",")] if args.archs else None
     backend = choose_backend(args.backend)
-    result = build(backend, archs, args.jobs, args.out.resolve(), args.compile_only)
+    result = build(backend, archs, args.jobs, args.out.resolve(), args.compile_only, args.no_spills)
     if result is not None:
         print(result)
 

@@ -7,7 +7,8 @@
     python3 tools/dev.py example N            deps + build + examples/N_*.py
     python3 tools/dev.py bench [args]         deps + build + `kernels benchmark .`
     python3 tools/dev.py cuda-compile         compile every unit build.toml lists for the CUDA
-                                              variant, for sm_80 and sm_90a (nvcc, no GPU, no link)
+                                              variant, for sm_80 and sm_90a (nvcc, no GPU, no link),
+                                              failing if any kernel spills registers
 
 Each command installs and builds what it needs, so it works from a fresh clone. Inside an
 active virtualenv or conda environment it installs there. Outside one, on an interpreter its
@@ -104,8 +105,8 @@ def cuda_compile() -> None:
     """Compile the CUDA variant's every listed unit through the release path (tools/build.py
     --compile-only: the staging copy of build.toml's list, kernel-builder's flags) for the
     oldest and newest targets; needs nvcc, no GPU, and links nothing, since a CPU build of
-    torch has no CUDA libraries."""
-    run([sys.executable, "tools/build.py", "--backend", "cuda", "--compile-only",
+    torch has no CUDA libraries. A kernel that spills registers fails it (ptxas -v)."""
+    run([sys.executable, "tools/build.py", "--backend", "cuda", "--compile-only", "--no-spills",
          "--archs", os.environ.get("MAXSIM_CUDA_ARCHS", "8.0,9.0a")])
 
 

@@ -137,7 +137,7 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
   MmaRowMax<1, Shape::NT, BN, 1, BN> row_max;
   float carry = 0.f;
   int it = 0;
-  int64_t cur_set = -1, qb = 0, query = 0, chunk = 0;
+  int64_t cur_set = -1, qb = 0;
   uint32_t qround = 0;
   bool active = false;
   for (StepWalk<Policy::kStrided> walk(range, pol.Nb); walk.more(); walk.next()) {
@@ -148,15 +148,11 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
       cur_set = set;
       qb = set * C + g;
       active = qb < hp.blocks;  // uniform over the warpgroup
-      if (hp.nchunks > 1) {
-        query = div_nonneg(qb, hp.nchunks);
-        chunk = qb - query * hp.nchunks;
-      }
       if constexpr (!Policy::kStrided) {  // strided walks: the query length is in the TileInfo
         if (active) {  // the block's query lengths, read once per block
           const int nseg =
               hp.nchunks > 1 ? 1 : static_cast<int>(pol.Nq - qb * pol.G < pol.G ? pol.Nq - qb * pol.G : pol.G);
-          const int64_t q0 = hp.nchunks > 1 ? query : qb * pol.G;
+          const int64_t q0 = hp.nchunks > 1 ? div_nonneg(qb, hp.nchunks) : qb * pol.G;
           sync();  // the last epilogue has finished reading seg_qlen
           for (int k = tid; k < nseg; k += 128) epi.seg_qlen[k] = pol.qlen_of(q0 + k);
           sync();
@@ -208,6 +204,10 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
       const int64_t qlen0 = Policy::kStrided ? int64_t(info.qlen) : epi.seg_qlen[0];
       row_max.reduce(epi.red_m, epi.red_i, lane, warp, 0);
       if (hp.nchunks > 1) {
+        // The block's query and chunk, derived here rather than kept across the tile loop:
+        // two int64 fewer live there is what keeps the three-consumer streamed shape
+        // (capped at 128 registers) from spilling.
+        const int64_t query = div_nonneg(qb, hp.nchunks), chunk = qb - query * hp.nchunks;
         const StepDesc d = pol.step_at(query, n, ok, 0, info.len, qlen0);
         finish_query_chunk(epi, hp, d, query, chunk, n, tid, sync);
       } else {

@@ -128,7 +128,8 @@ def split_probe():
 
 KERNEL_SHAPES = (("HeavyRerank", "full"), ("HeavyRerank", "ragged"), ("ColPaliRerank", "full"),
                  ("ColPaliRerank", "ragged"), ("Rerank", "full"), ("HeavyRerankPacked", "ragged"),
-                 ("ColBERTCorpus", "ragged"), ("ColPaliCorpus", "ragged"))
+                 ("ColBERTCorpus", "ragged"), ("ColPaliCorpus", "ragged"),
+                 ("ContrastiveD256", "full"), ("ContrastiveD1024", "full"))
 
 
 def kernels_probe():
