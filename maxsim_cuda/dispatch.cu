@@ -2,8 +2,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cstdlib>
-
 #include "kernel/hopper_launch.cuh"  // hopper_streamed_wanted (host side)
 #include "kernel/forward_launch.cuh"
 #include "launch.h"
@@ -32,20 +30,9 @@ cudaError_t forward_mma_k(const ForwardParams& p) {
   }
 }
 
-// Experiment knob (comparisons only): MAXSIM_CUDA_HALF_SIMT=1 sends fp16/bf16 with
-// dim > 256 to the old SIMT FFMA mainloop instead of the K-streaming tensor-core one.
-bool half_simt() {
-  static const bool v = [] {
-    const char* e = std::getenv("MAXSIM_CUDA_HALF_SIMT");
-    return e != nullptr && e[0] == '1';
-  }();
-  return v;
-}
-
 template <class T>
 cudaError_t forward_half(const ForwardParams& p) {
   if (p.dim <= 256 && !kernel::hopper_streamed_wanted(p)) return forward_mma<T>(p);
-  if (p.dim > 256 && half_simt()) return kernel::launch_forward_simt<T, float>(p);
   return forward_mma_k<T>(p);
 }
 

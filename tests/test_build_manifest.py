@@ -69,3 +69,21 @@ def test_the_spill_check_reads_ptxas_reports():
     assert BUILD_TOOL.spills_of(report) == [
         "sm_90a _Z6kernelILi3EEvv: 4 bytes spill stores, 8 bytes spill loads"]
     assert BUILD_TOOL.spills_of(report.replace("4 bytes spill stores, 8", "0 bytes spill stores, 0")) == []
+
+
+def test_the_spill_check_holds_to_the_known_list(tmp_path):
+    """A spill the list does not name fails, and so does a listed spill of a compiled target
+    that is gone; listed spills of targets not compiled are left alone."""
+    known = tmp_path / "known_spills.txt"
+    a80 = "maxsim_cuda/a.cu: sm_80 _Z1av: 8 bytes spill stores, 8 bytes spill loads"
+    b90 = "maxsim_cuda/b.cu: sm_90a _Z1bv: 4 bytes spill stores, 4 bytes spill loads"
+    c89 = "maxsim_cuda/c.cu: sm_89 _Z1cv: 4 bytes spill stores, 4 bytes spill loads"
+    known.write_text("\n".join(["# comment", a80, b90, c89]) + "\n")
+    assert BUILD_TOOL.spill_problems([a80, b90], ["8.0", "9.0a"], known) == []
+    new = "maxsim_cuda/d.cu: sm_80 _Z1dv: 4 bytes spill stores, 4 bytes spill loads"
+    assert BUILD_TOOL.spill_problems([a80, b90, new], ["8.0", "9.0a"], known) == [
+        f"spills (not in known_spills.txt): {new}"]
+    assert BUILD_TOOL.spill_problems([a80], ["8.0", "9.0a"], known) == [
+        f"no longer spills (remove it from known_spills.txt): {b90}"]
+    grown = a80.replace("8 bytes spill stores", "12 bytes spill stores")
+    assert len(BUILD_TOOL.spill_problems([grown, b90], ["8.0", "9.0a"], known)) == 2

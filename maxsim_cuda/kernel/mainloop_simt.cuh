@@ -1,7 +1,7 @@
-// SimtMainloop (float32/float64; half types with dim > 256 only through the experiment
-// knob MAXSIM_CUDA_HALF_SIMT=1): the same tile stream and epilogue as the tensor-core
-// mainloops, FFMA on [BM x KC] x [KC x BN] shared-memory chunks, accumulation in Acc
-// (float, or double for double inputs): float32-accurate scores. Torch-free.
+// SimtMainloop (float32 / float64 queries, float or compressed documents): the same tile
+// stream and epilogue as the tensor-core mainloops, FFMA on [BM x KC] x [KC x BN]
+// shared-memory chunks, accumulation in Acc (float, or double for double inputs):
+// float32-accurate scores. Torch-free.
 #pragma once
 
 #include <cstdint>
