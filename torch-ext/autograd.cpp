@@ -37,6 +37,14 @@ c10::TypedOperatorHandle<Signature> op_handle(const char* name) {
       .typed<Signature>();
 }
 
+// The backend's kernel, below the Autograd key: what each Function's forward runs, and what
+// a call that cannot need backward runs without a Function (see needs_graph).
+template <class Signature, class... Args>
+std::tuple<at::Tensor, at::Tensor> call_below(const c10::TypedOperatorHandle<Signature>& op, const Args&... args) {
+  at::AutoDispatchBelowADInplaceOrView below;
+  return op.call(args...);
+}
+
 using Scales = std::optional<Tensor>;
 // The schema's trailing storage arguments: document_scales, document_codes, centroids,
 // bucket_weights, normalize (torch_binding.cpp).
@@ -112,12 +120,14 @@ variable_list input_grads(size_t n, size_t qi, size_t di, const Pair& g, bool ne
 }
 
 struct PaddedFn : torch::autograd::Function<PaddedFn> {
+  static const c10::TypedOperatorHandle<PaddedFwd>& forward_op() {
+    static const auto op = op_handle<PaddedFwd>("padded_forward");
+    return op;
+  }
   static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& d, const Tensor& ql,
                                const Tensor& dl, bool with_argmax, const Storage& st) {
-    at::AutoDispatchBelowADInplaceOrView below;
-    static const auto op = op_handle<PaddedFwd>("padded_forward");
-    auto [scores, argmax] = op.call(q, d, ql, dl, with_argmax, st.scales, st.codes, st.centroids, st.weights,
-                                    st.normalize);
+    auto [scores, argmax] = call_below(forward_op(), q, d, ql, dl, with_argmax, st.scales, st.codes, st.centroids,
+                                       st.weights, st.normalize);
     remember(ctx, with_argmax, argmax);
     st.save(ctx);
     ctx->save_for_backward(with_storage({q, d, ql, dl, argmax}, st));
@@ -143,12 +153,14 @@ struct PaddedFn : torch::autograd::Function<PaddedFn> {
 // their signatures; `Ops` names the forward and backward ops.
 template <class Ops>
 struct ContrastiveFn : torch::autograd::Function<ContrastiveFn<Ops>> {
+  static const c10::TypedOperatorHandle<ContrastiveFwd>& forward_op() {
+    static const auto op = op_handle<ContrastiveFwd>(Ops::kForward);
+    return op;
+  }
   static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& d, const Tensor& segments,
                                const std::optional<Tensor>& ql, bool with_argmax, const Storage& st) {
-    at::AutoDispatchBelowADInplaceOrView below;
-    static const auto op = op_handle<ContrastiveFwd>(Ops::kForward);
-    auto [scores, argmax] = op.call(q, d, segments, ql, with_argmax, st.scales, st.codes, st.centroids, st.weights,
-                                    st.normalize);
+    auto [scores, argmax] = call_below(forward_op(), q, d, segments, ql, with_argmax, st.scales, st.codes,
+                                       st.centroids, st.weights, st.normalize);
     remember(ctx, with_argmax, argmax);
     st.save(ctx);
     ctx->save_for_backward(with_storage({q, d, segments, argmax, ql.value_or(Tensor())}, st));
@@ -187,13 +199,15 @@ Pair group_by(const Tensor& ids, int64_t count) {
 }
 
 struct PackedFn : torch::autograd::Function<PackedFn> {
+  static const c10::TypedOperatorHandle<PackedFwd>& forward_op() {
+    static const auto op = op_handle<PackedFwd>("packed_forward");
+    return op;
+  }
   static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& q_offsets, const Tensor& d,
                                const Tensor& d_offsets, const Tensor& pq, const Tensor& pd, int64_t max_q_len,
                                bool with_argmax, const Storage& st) {
-    at::AutoDispatchBelowADInplaceOrView below;
-    static const auto op = op_handle<PackedFwd>("packed_forward");
-    auto [scores, argmax] = op.call(q, q_offsets, d, d_offsets, pq, pd, max_q_len, with_argmax, st.scales, st.codes,
-                                    st.centroids, st.weights, st.normalize);
+    auto [scores, argmax] = call_below(forward_op(), q, q_offsets, d, d_offsets, pq, pd, max_q_len, with_argmax,
+                                       st.scales, st.codes, st.centroids, st.weights, st.normalize);
     remember(ctx, with_argmax, argmax);
     st.save(ctx);
     ctx->save_for_backward(with_storage({q, q_offsets, d, d_offsets, pq, pd, argmax}, st));
@@ -239,39 +253,26 @@ Storage storage(STORAGE_PARAMS) { return {c(ds), c(codes), c(centroids), c(weigh
 
 Pair padded_forward(const Tensor& q, const Tensor& d, const Tensor& ql, const Tensor& dl, bool with_argmax,
                     STORAGE_PARAMS) {
-  if (!needs_graph(q, d)) {
-    at::AutoDispatchBelowADInplaceOrView below;
-    static const auto op = op_handle<PaddedFwd>("padded_forward");
-    return op.call(q, d, ql, dl, with_argmax, ds, codes, centroids, weights, normalize);
-  }
+  if (!needs_graph(q, d)) return call_below(PaddedFn::forward_op(), q, d, ql, dl, with_argmax, ds, codes, centroids,
+                                            weights, normalize);
   return as_pair(PaddedFn::apply(c(q), c(d), c(ql), c(dl), with_argmax, STORAGE_ARGS));
 }
 Pair contrastive_forward(const Tensor& q, const Tensor& d, const Tensor& offsets, const std::optional<Tensor>& ql,
                          bool with_argmax, STORAGE_PARAMS) {
-  if (!needs_graph(q, d)) {
-    at::AutoDispatchBelowADInplaceOrView below;
-    static const auto op = op_handle<ContrastiveFwd>(OffsetDocumentOps::kForward);
-    return op.call(q, d, offsets, ql, with_argmax, ds, codes, centroids, weights, normalize);
-  }
+  if (!needs_graph(q, d)) return call_below(ContrastiveFn<OffsetDocumentOps>::forward_op(), q, d, offsets, ql,
+                                            with_argmax, ds, codes, centroids, weights, normalize);
   return as_pair(ContrastiveFn<OffsetDocumentOps>::apply(c(q), c(d), c(offsets), c(ql), with_argmax, STORAGE_ARGS));
 }
 Pair contrastive_padded_forward(const Tensor& q, const Tensor& d, const Tensor& lengths,
                                 const std::optional<Tensor>& ql, bool with_argmax, STORAGE_PARAMS) {
-  if (!needs_graph(q, d)) {
-    at::AutoDispatchBelowADInplaceOrView below;
-    static const auto op = op_handle<ContrastiveFwd>(PaddedDocumentOps::kForward);
-    return op.call(q, d, lengths, ql, with_argmax, ds, codes, centroids, weights, normalize);
-  }
+  if (!needs_graph(q, d)) return call_below(ContrastiveFn<PaddedDocumentOps>::forward_op(), q, d, lengths, ql,
+                                            with_argmax, ds, codes, centroids, weights, normalize);
   return as_pair(ContrastiveFn<PaddedDocumentOps>::apply(c(q), c(d), c(lengths), c(ql), with_argmax, STORAGE_ARGS));
 }
 Pair packed_forward(const Tensor& q, const Tensor& q_offsets, const Tensor& d, const Tensor& d_offsets,
                     const Tensor& pq, const Tensor& pd, int64_t max_q_len, bool with_argmax, STORAGE_PARAMS) {
-  if (!needs_graph(q, d)) {
-    at::AutoDispatchBelowADInplaceOrView below;
-    static const auto op = op_handle<PackedFwd>("packed_forward");
-    return op.call(q, q_offsets, d, d_offsets, pq, pd, max_q_len, with_argmax, ds, codes, centroids, weights,
-                   normalize);
-  }
+  if (!needs_graph(q, d)) return call_below(PackedFn::forward_op(), q, q_offsets, d, d_offsets, pq, pd, max_q_len,
+                                            with_argmax, ds, codes, centroids, weights, normalize);
   return as_pair(
       PackedFn::apply(c(q), c(q_offsets), c(d), c(d_offsets), c(pq), c(pd), max_q_len, with_argmax, STORAGE_ARGS));
 }

@@ -190,8 +190,7 @@ def _packed_args(queries, query_offsets, documents, document_offsets, pair_query
     it covers the longest query, in the op), read from query_offsets when an argmax needs a
     width, else -1 (the op then uses no width)."""
     if max_q_len is not None:
-        if type(max_q_len) is not int or max_q_len < 0:  # (bool is not int here, as there)
-            check.max_q_len(max_q_len, query_offsets, False)
+        check.max_q_len(max_q_len, query_offsets, False)
     elif with_argmax:
         # Reading the width is a host sync on a GPU, so this path can afford the metadata
         # checks before reading (the op repeats them).
