@@ -111,6 +111,19 @@ struct CentroidParams {
 };
 cudaError_t launch_centroid_score(const CentroidParams& p);
 
+// The table the score gathers from: table[q, c, i] = <queries[q, i], centroids[c]>, float32
+// accumulated in float32 in dimension order (queries [Nq, Lq, dim], centroids [n_centroids,
+// dim], each contiguous in any float dtype; table [Nq, n_centroids, Lq]).
+struct CentroidTableParams {
+  const void* queries = nullptr;
+  const void* centroids = nullptr;
+  DType query_dtype = DType::kF32, centroid_dtype = DType::kF32;
+  int64_t num_queries = 0, lq = 0, n_centroids = 0, dim = 0;
+  float* table = nullptr;
+  cudaStream_t stream = nullptr;
+};
+cudaError_t launch_centroid_table(const CentroidTableParams& p);
+
 // float32 embeddings on the 16-bit kernels, as torch.set_float32_matmul_precision allows:
 // "high" rounds each tensor to float16 after multiplying it by a power of two picked from its
 // largest finite magnitude (TF32's significand, float32's range; the scores then carry the

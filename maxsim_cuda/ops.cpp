@@ -524,6 +524,30 @@ std::tuple<at::Tensor, at::Tensor> packed_backward(
                       false, false);
 }
 
+at::Tensor centroid_table(const at::Tensor& queries, const at::Tensor& centroids) {
+  TORCH_CHECK(queries.is_cuda() && queries.dim() == 3, "maxsim: queries must be [Nq, Lq, D] on CUDA");
+  check_device(centroids, queries, "centroids");
+  TORCH_CHECK(centroids.dim() == 2 && centroids.size(1) == queries.size(2),
+              "maxsim: centroids must be [n_centroids, D] with the queries' D");
+  TORCH_CHECK(centroids.size(0) <= 0x7fffffff, "maxsim: at most 2**31 - 1 centroids");
+  const c10::cuda::CUDAGuard guard(queries.device());
+  const at::Tensor q = queries.contiguous(), c = centroids.contiguous();
+  at::Tensor table = at::empty({q.size(0), c.size(0), q.size(1)}, q.options().dtype(at::kFloat));
+  CentroidTableParams p;
+  p.queries = q.numel() > 0 ? q.data_ptr() : nullptr;
+  p.centroids = c.numel() > 0 ? c.data_ptr() : nullptr;
+  p.query_dtype = dtype_of(q);
+  p.centroid_dtype = dtype_of(c);
+  p.num_queries = q.size(0);
+  p.lq = q.size(1);
+  p.n_centroids = c.size(0);
+  p.dim = q.size(2);
+  p.table = table.numel() > 0 ? table.data_ptr<float>() : nullptr;
+  p.stream = c10::cuda::getCurrentCUDAStream().stream();
+  check_launch(launch_centroid_table(p));
+  return table;
+}
+
 at::Tensor centroid_forward(const at::Tensor& table, const at::Tensor& document_codes,
                             const at::Tensor& document_offsets, const std::optional<at::Tensor>& query_lengths,
                             const std::optional<at::Tensor>& pair_query_ids,

@@ -401,3 +401,67 @@ def test_centroid_score_pairs_and_bad_inputs(device, rng):
         ms.score_centroids(q, codes, offsets, centroids, pair_query_ids=pq)
     with pytest.raises(ValueError, match="centroids must be a float tensor"):
         ms.score_centroids(q, codes, offsets, centroids[:, :10])
+
+
+@pytest.mark.parametrize("code_dtype", (torch.int32, torch.int64), ids=str)
+@pytest.mark.parametrize("lq", (1, 32, 45, 70))
+def test_centroid_score_long_documents(device, code_dtype, lq, rng):
+    """Documents from empty to past several of the GPU's 32-token blocks per warp, queries over
+    one and several 32-token chunks, mixed query / centroid dtypes, and the same bits twice."""
+    ms, dev = residual_backends(device)
+    lens = (0, 1, 31, 32, 33, 127, 128, 129, 300, 513, 1030)
+    q, centroids, codes, offsets = centroid_case(rng, dev, nq=2, lq=lq, n_cent=5000, dim=72, lens=lens)
+    codes = codes.to(code_dtype)
+    for query_dtype, centroid_dtype in ((torch.float16, torch.float16), (torch.bfloat16, torch.float32),
+                                        (torch.float32, torch.float16)):
+        qq, cc = q.to(query_dtype), centroids.to(centroid_dtype)
+        ql = torch.tensor([lq, max(lq - 7, 0)], device=dev)
+        scores = ms.score_centroids(qq, codes, offsets, cc, query_lengths=ql)
+        ref = RES.score_centroids_reference(qq.cpu().double(), codes.cpu(), offsets.cpu(), cc.cpu().double(),
+                                            query_lengths=ql.cpu())
+        finite = torch.isfinite(ref)
+        assert torch.equal(scores.cpu()[~finite], ref[~finite].float())
+        torch.testing.assert_close(scores.cpu().double()[finite], ref[finite], rtol=1e-5, atol=1e-5)
+        assert torch.equal(ms.score_centroids(qq, codes, offsets, cc, query_lengths=ql), scores)
+
+
+def test_centroid_score_ignores_tf32(device, rng):
+    """The table accumulates in float32 even where the caller lets float32 matmuls use TF32
+    (which would move these scores by ~1e-3)."""
+    ms, dev = residual_backends(device)
+    if dev.type != "cuda":
+        pytest.skip("TF32 is a CUDA setting")
+    q, centroids, codes, offsets = centroid_case(rng, dev, nq=2, lq=32, n_cent=300, dim=256)
+    q, centroids = q * 3, centroids * 3
+    ref = RES.score_centroids_reference(q.cpu().double(), codes.cpu(), offsets.cpu(), centroids.cpu().double())
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.set_float32_matmul_precision("medium")
+        scores = ms.score_centroids(q, codes, offsets, centroids)
+        # what a table from torch's matmul under these settings scores: the test can tell
+        tf32_table = torch.matmul(centroids, q.transpose(1, 2)).contiguous()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved[0]
+        torch.set_float32_matmul_precision(saved[1])
+    finite = torch.isfinite(ref)
+    tol = dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(scores.cpu().double()[finite], ref[finite], **tol)
+    tf32 = ms._api.ops.centroid_forward(tf32_table, codes, offsets, None, None, None)
+    assert not torch.allclose(tf32.cpu().double()[finite], ref[finite], **tol)
+
+
+def test_centroid_score_graph_capture(device, rng):
+    ms, dev = residual_backends(device)
+    if dev.type != "cuda":
+        pytest.skip("CUDA graphs")
+    q, centroids, codes, offsets = centroid_case(rng, dev, lq=40, n_cent=700, dim=64)
+    eager = ms.score_centroids(q.half(), codes, offsets, centroids.half())
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        captured = ms.score_centroids(q.half(), codes, offsets, centroids.half())
+    captured.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)

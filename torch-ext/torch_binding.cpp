@@ -149,6 +149,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def(
       "centroid_forward(Tensor table, Tensor document_codes, Tensor document_offsets, "
       "Tensor? query_lengths, Tensor? pair_query_ids, Tensor? pair_document_ids) -> Tensor");
+  ops.def("centroid_table(Tensor queries, Tensor centroids) -> Tensor");
 
   // Every variant carries the CPU backend, so CPU tensors work next to a GPU build.
   MAXSIM_IMPL_BACKEND(ops, c10::DeviceType::CPU, maxsim_cpu)
@@ -156,6 +157,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
 #if defined(CUDA_KERNEL)
   MAXSIM_IMPL_BACKEND(ops, c10::DeviceType::CUDA, maxsim_cuda)
   ops.impl("centroid_forward", c10::DeviceType::CUDA, &maxsim_cuda::centroid_forward);
+  ops.impl("centroid_table", c10::DeviceType::CUDA, &maxsim_cuda::centroid_table);
 #endif
 #if defined(METAL_KERNEL)
   MAXSIM_IMPL_BACKEND(ops, c10::DeviceType::MPS, maxsim_metal)

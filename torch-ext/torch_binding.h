@@ -87,6 +87,11 @@ MAXSIM_DECLARE_CENTROIDS(maxsim_cpu)
 #if defined(CUDA_KERNEL)
 MAXSIM_DECLARE_BACKEND(maxsim_cuda)
 MAXSIM_DECLARE_CENTROIDS(maxsim_cuda)
+namespace maxsim_cuda {
+// The centroid score's table in float32 accumulation whatever the matmul settings (CUDA only:
+// elsewhere torch's float32 matmul already accumulates in float32).
+at::Tensor centroid_table(const at::Tensor& queries, const at::Tensor& centroids);
+}
 #endif
 #if defined(METAL_KERNEL)
 MAXSIM_DECLARE_BACKEND(maxsim_metal)

@@ -287,8 +287,11 @@ def score_centroids(queries, document_codes, document_offsets, centroids, *, que
                            "number of documents", read)
     if query_lengths is not None:
         check.lengths_in_range("query_lengths", query_lengths, queries.shape[1], "Lq", read)
-    with torch.no_grad():
-        table = torch.matmul(centroids.float(), queries.float().transpose(1, 2)).contiguous()
+    if queries.is_cuda:  # float32 accumulation even where the caller allows TF32 matmuls
+        table = ops.centroid_table(queries, centroids)
+    else:
+        with torch.no_grad():
+            table = torch.matmul(centroids.float(), queries.float().transpose(1, 2)).contiguous()
     c = lambda t: None if t is None else t.contiguous()  # noqa: E731
     return ops.centroid_forward(table, document_codes.contiguous(), document_offsets.contiguous(),
                                 c(query_lengths), c(pair_query_ids), c(pair_document_ids))

@@ -102,3 +102,8 @@ def _(table, document_codes, document_offsets, query_lengths=None, pair_query_id
     if pair_query_ids is not None:
         return table.new_empty((pair_query_ids.shape[0],))
     return table.new_empty((table.shape[0], document_offsets.shape[0] - 1))
+
+
+@torch.library.register_fake(add_op_namespace_prefix("centroid_table"))
+def _(queries, centroids):
+    return queries.new_empty((queries.shape[0], centroids.shape[0], queries.shape[1]), dtype=torch.float32)
