@@ -1,17 +1,18 @@
-// PLAID's centroid-only score in two launches (launch.h): the query-centroid table, then the
-// gather. Torch-free.
+// PLAID's centroid-only score (launch.h): the query-centroid table, then the gather. Torch-free.
 //
-// The table is float32 with float32 accumulation in a fixed order, whatever the caller's matmul
-// settings (a TF32 table would move scores by ~1e-3). A CTA takes 32 centroids of one query's
-// 32-token chunk; lane l is query token i0 + l, so each warp writes whole 128-byte table rows.
+// The table is float32 with float32 accumulation whatever the caller's matmul settings (a TF32
+// table moves scores by ~1e-3). 16-bit inputs of one dtype go to cuBLAS from ops.cpp; this
+// file's table kernel serves the rest: a CTA takes 32 centroids of one query's 32-token chunk,
+// lane l being query token i0 + l, so each warp writes whole rows.
 //
-// The gather is bound by its table reads: a document token costs one Lq-float row, 128 bytes at
-// Lq 32, from L2 (or L1 where the row was read before). One CTA per pair; each warp takes
-// blocks of 32 tokens, reads their 32 codes in one coalesced load, then issues the 32 row
-// reads back to back (code u reaches every lane by a shuffle), so a warp has 32 reads in
-// flight and no read waits on another. The next block's codes are read before this block's
-// rows. Warps' maxima meet in shared memory; the per-token maxima are summed by a fixed
-// shuffle tree (deterministic; max.NaN returns the canonical NaN, so even NaN bits repeat).
+// The gather is bound by its table reads: a document token costs one row of Lq floats (128
+// bytes at Lq 32) from L2, or L1 where an earlier token read it. One CTA per pair; each warp
+// takes blocks of 32 tokens, reads their 32 codes in one coalesced load (the next block's
+// before this block's rows), hands code u to every lane by a shuffle, and issues the block's
+// row reads back to back so that none waits on another. Where rows are 16-byte aligned and Lq
+// is a multiple of 4, a lane reads a float4 (four rows per warp instruction, eight a block).
+// Warps' maxima meet in shared memory; the per-token maxima are summed by a fixed shuffle tree
+// (deterministic; max.NaN returns the canonical NaN, so even NaN bits repeat).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -73,10 +74,11 @@ __global__ void __launch_bounds__(kTableThreads) centroid_table_kernel(const Cen
 #pragma unroll
   for (int u = 0; u < kPerWarp; ++u) {
     const int64_t c = c0 + warp * kPerWarp + u;
-    if (c < p.n_centroids) p.table[(q * p.n_centroids + c) * p.lq + i0 + lane] = acc[u];
+    if (c < p.n_centroids) p.table[(c * p.num_queries + q) * p.lq + i0 + lane] = acc[u];
   }
 }
 
+template <bool kVec>
 __global__ void __launch_bounds__(kGatherWarps * 32, 8) centroid_score_kernel(const CentroidParams p) {
   __shared__ float red[kGatherWarps][32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -112,24 +114,62 @@ __global__ void __launch_bounds__(kGatherWarps * 32, 8) centroid_score_kernel(co
     const int64_t c = codes.load(j);
     return c >= 0 && c < p.n_centroids ? static_cast<int>(c) : kBad;
   };
-  const float* table = p.table + q * p.n_centroids * p.lq;
+  const float* table = p.table + q * p.query_stride;
   constexpr int64_t kStride = kGatherWarps * 32;
   float total = 0.f;
   for (int64_t i0 = 0; i0 < qlen; i0 += 32) {
     const int64_t i = i0 + lane;
     const bool live = i < qlen;
-    const float* column = table + (live ? i : 0);
     float best = -inf;
     int64_t j0 = s + warp * 32;
     int next = j0 < e ? row_of(j0 + lane) : kAbsent;
-    for (; j0 < e; j0 += kStride) {
-      const int row = next;
-      next = j0 + kStride < e ? row_of(j0 + kStride + lane) : kAbsent;
+    if constexpr (kVec) {
+      // Lane (g, h) = (lane / 8, lane % 8) reads query tokens i0 + 4h .. 4h + 3 of rows
+      // 4u + g: a warp reads four 128-byte rows per instruction, eight instructions a block.
+      const int g = lane / 8, h = lane % 8;
+      const int64_t i4 = i0 + 4 * h;
+      const bool live4 = i4 < qlen;  // the tokens past qlen in a live float4 are cut below
+      float4 b4 = make_float4(-inf, -inf, -inf, -inf);
+      for (; j0 < e; j0 += kStride) {
+        const int row = next;
+        next = j0 + kStride < e ? row_of(j0 + kStride + lane) : kAbsent;
 #pragma unroll
-      for (int u = 0; u < 32; ++u) {  // ptxas hoists the reads ahead of the folds
-        const int r = __shfl_sync(0xffffffffu, row, u);
-        best = max_nan(r >= 0 && live ? __ldg(column + static_cast<int64_t>(r) * p.lq) : (r == kBad ? nan : -inf),
-                       best);
+        for (int u = 0; u < 8; ++u) {  // ptxas hoists the reads ahead of the folds
+          const int r = __shfl_sync(0xffffffffu, row, 4 * u + g);
+          const float f = r == kBad ? nan : -inf;
+          const float4 x = r >= 0 && live4
+                               ? __ldg(reinterpret_cast<const float4*>(table + static_cast<int64_t>(r) * p.row_stride + i4))
+                               : make_float4(f, f, f, f);
+          b4 = make_float4(max_nan(x.x, b4.x), max_nan(x.y, b4.y), max_nan(x.z, b4.z), max_nan(x.w, b4.w));
+        }
+      }
+#pragma unroll
+      for (int o = 8; o < 32; o *= 2) {
+        b4.x = max_nan(__shfl_xor_sync(0xffffffffu, b4.x, o), b4.x);
+        b4.y = max_nan(__shfl_xor_sync(0xffffffffu, b4.y, o), b4.y);
+        b4.z = max_nan(__shfl_xor_sync(0xffffffffu, b4.z, o), b4.z);
+        b4.w = max_nan(__shfl_xor_sync(0xffffffffu, b4.w, o), b4.w);
+      }
+      // token i0 + l sits in lane l / 4's component l % 4
+      const float* b = &b4.x;
+      const int src = lane / 4, k = lane % 4;
+      float pick[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) pick[c] = __shfl_sync(0xffffffffu, b[c], src);
+      best = pick[0];
+#pragma unroll
+      for (int c = 1; c < 4; ++c) best = k == c ? pick[c] : best;
+    } else {
+      const float* column = table + (live ? i : 0);
+      for (; j0 < e; j0 += kStride) {
+        const int row = next;
+        next = j0 + kStride < e ? row_of(j0 + kStride + lane) : kAbsent;
+#pragma unroll
+        for (int u = 0; u < 32; ++u) {  // ptxas hoists the reads ahead of the folds
+          const int r = __shfl_sync(0xffffffffu, row, u);
+          best = max_nan(r >= 0 && live ? __ldg(column + static_cast<int64_t>(r) * p.row_stride)
+                                        : (r == kBad ? nan : -inf), best);
+        }
       }
     }
     red[warp][lane] = best;
@@ -177,7 +217,11 @@ cudaError_t launch_centroid_table(const CentroidTableParams& p) {
 cudaError_t launch_centroid_score(const CentroidParams& p) {
   if (p.pairs <= 0) return cudaSuccess;
   if (p.pairs > 0x7fffffff || p.n_centroids > 0x7fffffff) return cudaErrorInvalidValue;
-  kernel::centroid_score_kernel<<<static_cast<unsigned>(p.pairs), kernel::kGatherWarps * 32, 0, p.stream>>>(p);
+  // whole float4s of a row: rows and queries 16-byte aligned, Lq a multiple of 4
+  const bool vec = reinterpret_cast<uintptr_t>(p.table) % 16 == 0 && p.row_stride % 4 == 0 &&
+                   p.query_stride % 4 == 0 && p.lq % 4 == 0;
+  const auto kernel = vec ? kernel::centroid_score_kernel<true> : kernel::centroid_score_kernel<false>;
+  kernel<<<static_cast<unsigned>(p.pairs), kernel::kGatherWarps * 32, 0, p.stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -99,11 +99,12 @@ struct BackwardParams : Problem {
 };
 
 // PLAID's centroid-only score: scores[p] = sum_{i < qlen} max_j table[q, codes[j], i] over the
-// document's codes, table [Nq, n_centroids, Lq] float32. Pairs: every query x every document
-// (pair ids absent) or listed. Bad ids / offsets score NaN, a bad code makes its token NaN.
+// document's codes, table [Nq, n_centroids, Lq] float32, element (q, c, i) at
+// q * query_stride + c * row_stride + i. Pairs: every query x every document (pair ids absent)
+// or listed. Bad ids / offsets score NaN, a bad code makes its token NaN.
 struct CentroidParams {
   const float* table = nullptr;
-  int64_t num_queries = 0, n_centroids = 0, lq = 0;
+  int64_t num_queries = 0, n_centroids = 0, lq = 0, query_stride = 0, row_stride = 0;
   IndexRef codes, doc_offsets, query_lengths, pair_query_ids, pair_doc_ids;
   int64_t num_docs = 0, pairs = 0;
   float* scores = nullptr;
@@ -111,9 +112,11 @@ struct CentroidParams {
 };
 cudaError_t launch_centroid_score(const CentroidParams& p);
 
-// The table the score gathers from: table[q, c, i] = <queries[q, i], centroids[c]>, float32
-// accumulated in float32 in dimension order (queries [Nq, Lq, dim], centroids [n_centroids,
-// dim], each contiguous in any float dtype; table [Nq, n_centroids, Lq]).
+// The table the score gathers from, for the inputs cuBLAS does not take with float32
+// accumulation (float32 or mixed dtypes): <queries[q, i], centroids[c]> accumulated in float32
+// in dimension order at table[(c * Nq + q) * Lq + i] (queries [Nq, Lq, dim], centroids
+// [n_centroids, dim], each contiguous in any float dtype). The layout is the one
+// centroids @ queries.reshape(Nq * Lq, dim).T gives, so both routes return the same strides.
 struct CentroidTableParams {
   const void* queries = nullptr;
   const void* centroids = nullptr;

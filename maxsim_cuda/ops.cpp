@@ -532,7 +532,16 @@ at::Tensor centroid_table(const at::Tensor& queries, const at::Tensor& centroids
   TORCH_CHECK(centroids.size(0) <= 0x7fffffff, "maxsim: at most 2**31 - 1 centroids");
   const c10::cuda::CUDAGuard guard(queries.device());
   const at::Tensor q = queries.contiguous(), c = centroids.contiguous();
-  at::Tensor table = at::empty({q.size(0), c.size(0), q.size(1)}, q.options().dtype(at::kFloat));
+  const int64_t nq = q.size(0), nc = c.size(0), lq = q.size(1);
+  // [n_centroids, Nq * Lq] seen as [Nq, n_centroids, Lq]: one GEMM for every query
+  const auto as_table = [&](const at::Tensor& t) { return t.view({nc, nq, lq}).permute({1, 0, 2}); };
+  const bool sixteen_bit = q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
+  if (sixteen_bit && c.scalar_type() == q.scalar_type()) {
+    // 16-bit products are exact in float32 and cuBLAS accumulates in float32 for a float32
+    // output, whatever the TF32 / reduced-precision settings (they concern other dtypes)
+    return as_table(at::mm(c, q.reshape({nq * lq, q.size(2)}).t(), at::kFloat));
+  }
+  at::Tensor table = at::empty({nc, nq * lq}, q.options().dtype(at::kFloat));
   CentroidTableParams p;
   p.queries = q.numel() > 0 ? q.data_ptr() : nullptr;
   p.centroids = c.numel() > 0 ? c.data_ptr() : nullptr;
@@ -545,21 +554,24 @@ at::Tensor centroid_table(const at::Tensor& queries, const at::Tensor& centroids
   p.table = table.numel() > 0 ? table.data_ptr<float>() : nullptr;
   p.stream = c10::cuda::getCurrentCUDAStream().stream();
   check_launch(launch_centroid_table(p));
-  return table;
+  return as_table(table);
 }
 
 at::Tensor centroid_forward(const at::Tensor& table, const at::Tensor& document_codes,
                             const at::Tensor& document_offsets, const std::optional<at::Tensor>& query_lengths,
                             const std::optional<at::Tensor>& pair_query_ids,
                             const std::optional<at::Tensor>& pair_document_ids) {
-  TORCH_CHECK(table.is_cuda() && table.is_contiguous() && table.scalar_type() == at::kFloat && table.dim() == 3,
-              "maxsim: the centroid table must be contiguous float32 [Nq, n_centroids, Lq] on CUDA");
+  TORCH_CHECK(table.is_cuda() && table.scalar_type() == at::kFloat && table.dim() == 3 &&
+                  (table.size(2) <= 1 || table.stride(2) == 1) && table.stride(0) >= 0 && table.stride(1) >= 0,
+              "maxsim: the centroid table must be float32 [Nq, n_centroids, Lq] on CUDA, Lq contiguous");
   const c10::cuda::CUDAGuard guard(table.device());
   CentroidParams p;
   p.table = table.numel() > 0 ? table.data_ptr<float>() : nullptr;
   p.num_queries = table.size(0);
   p.n_centroids = table.size(1);
   p.lq = table.size(2);
+  p.query_stride = table.stride(0);
+  p.row_stride = table.stride(1);
   p.codes = index_ref(document_codes, table, "document_codes");
   p.doc_offsets = index_ref(document_offsets, table, "document_offsets");
   p.num_docs = document_offsets.numel() > 0 ? document_offsets.numel() - 1 : 0;

@@ -106,4 +106,5 @@ def _(table, document_codes, document_offsets, query_lengths=None, pair_query_id
 
 @torch.library.register_fake(add_op_namespace_prefix("centroid_table"))
 def _(queries, centroids):
-    return queries.new_empty((queries.shape[0], centroids.shape[0], queries.shape[1]), dtype=torch.float32)
+    nq, nc, lq = queries.shape[0], centroids.shape[0], queries.shape[1]
+    return queries.new_empty_strided((nq, nc, lq), (lq, nq * lq, 1), dtype=torch.float32)
