@@ -9,6 +9,8 @@ else float32 copies and a float32 matmul) and both gathers given the same table.
 
 Run on the device from the repository root after a CUDA build:
   python3 tools/device/bench_centroids.py [--json PATH]
+and for Nsight Compute, one gather of each library per row (the table given):
+  ncu -k regex:'centroid_score|plaid' --metrics ... python3 tools/device/bench_centroids.py --once
 """
 from __future__ import annotations
 
@@ -63,6 +65,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", type=Path)
     parser.add_argument("--repo", type=Path, default=ROOT, help="the tree whose CUDA build is timed")
+    parser.add_argument("--once", action="store_true", help="one gather call of each library per row "
+                        "(the table given), untimed: for ncu")
     parser.add_argument("--no-parts", action="store_true", help="the whole call only (trees without "
                         "ops.centroid_table)")
     args = parser.parse_args()
@@ -87,6 +91,14 @@ def main():
         row = {"workload": name, "Nq": nq, "C": C, "Lq": Lq, "Ld": Ld, "D": D, "n_centroids": nc,
                "table_MB_read": C * Ld * Lq * 4 / 1e6}
         full = lambda: ms.score_centroids(q, codes, offs, centroids)  # noqa: E731
+        if args.once:
+            table = exact_table(centroids, q[0])
+            ops.centroid_forward(table.unsqueeze(0), codes, offs, None, None, None)
+            if lik is not None:
+                lik.plaid_approx_score(table, codes.reshape(C, Ld), torch.full((C,), Ld, device="cuda"))
+            torch.cuda.synchronize()
+            print(name, "called once", flush=True)
+            continue
         row["maxsim_ms"] = graph_time_ms(full)
         row["maxsim_eager_ms"] = eager_ms(full)
         table = exact_table(centroids, q[0]).unsqueeze(0).contiguous()
