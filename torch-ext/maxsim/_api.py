@@ -287,11 +287,15 @@ def score_centroids(queries, document_codes, document_offsets, centroids, *, que
                            "number of documents", read)
     if query_lengths is not None:
         check.lengths_in_range("query_lengths", query_lengths, queries.shape[1], "Lq", read)
-    if queries.is_cuda:  # float32 accumulation even where the caller allows TF32 matmuls
+    # The table accumulates in float32 (or better) even where the caller lets float32 matmuls
+    # round their inputs (TF32 on CUDA, bfloat16 through oneDNN on some CPUs).
+    if queries.is_cuda:
         table = ops.centroid_table(queries, centroids)
     else:
+        wide = torch.float64 if queries.device.type == "cpu" and torch.get_float32_matmul_precision() != "highest" \
+            else torch.float32
         with torch.no_grad():
-            table = torch.matmul(centroids.float(), queries.float().transpose(1, 2)).contiguous()
+            table = torch.matmul(centroids.to(wide), queries.to(wide).transpose(1, 2)).float().contiguous()
     c = lambda t: None if t is None else t.contiguous()  # noqa: E731
     return ops.centroid_forward(table, document_codes.contiguous(), document_offsets.contiguous(),
                                 c(query_lengths), c(pair_query_ids), c(pair_document_ids))
