@@ -466,3 +466,22 @@ def test_centroid_score_graph_capture(device, rng):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, eager)
+
+
+@pytest.mark.parametrize("lq", (31, 32))
+def test_centroid_score_many_pairs(device, lq, rng):
+    """Enough pairs that the GPU gives each one warp (every-pair grid, 4,500 pairs) or two
+    (2,500 listed pairs, the last CTA partly empty), short and empty documents among them."""
+    ms, dev = residual_backends(device)
+    lens = tuple(torch.randint(0, 70, (1500,), generator=rng).tolist())
+    q, centroids, codes, offsets = centroid_case(rng, dev, nq=3, lq=lq, n_cent=900, dim=40, lens=lens)
+    codes = codes.int()
+    scores = ms.score_centroids(q, codes, offsets, centroids)
+    ref = RES.score_centroids_reference(q.cpu().double(), codes.cpu(), offsets.cpu(), centroids.cpu().double())
+    finite = torch.isfinite(ref)
+    assert torch.equal(scores.cpu()[~finite], ref[~finite].float())
+    torch.testing.assert_close(scores.cpu().double()[finite], ref[finite], rtol=1e-5, atol=1e-5)
+    pq = torch.randint(0, 3, (2501,), generator=rng).to(dev)
+    pd = torch.randint(0, 1500, (2501,), generator=rng).to(dev)
+    listed = ms.score_centroids(q, codes, offsets, centroids, pair_query_ids=pq, pair_document_ids=pd)
+    assert torch.equal(listed, scores[pq, pd])
