@@ -78,24 +78,11 @@ __global__ void __launch_bounds__(kTableThreads) centroid_table_kernel(const Cen
   }
 }
 
-// The W warps that share a pair meet here (named barrier 1 + group; a lone warp needs none).
-template <int W>
-__device__ __forceinline__ void group_sync(int group) {
-  if constexpr (W == 1) {
-    __syncwarp();
-  } else {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(1 + group), "n"(W * 32) : "memory");
-  }
-}
-
-// W warps a pair (1, 2 or 4), kGatherWarps / W pairs a CTA.
-template <bool kVec, int W>
-__global__ void __launch_bounds__(kGatherWarps * 32, W == 1 ? 7 : 8) centroid_score_kernel(const CentroidParams p) {
+template <bool kVec>
+__global__ void __launch_bounds__(kGatherWarps * 32, 8) centroid_score_kernel(const CentroidParams p) {
   __shared__ float red[kGatherWarps][32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, group = warp / W, wi = warp % W;
-  const int64_t pair = static_cast<int64_t>(blockIdx.x) * (kGatherWarps / W) + group;
-  if (pair >= p.pairs) return;  // uniform over the group
-  const bool first = wi == 0 && lane == 0;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t pair = blockIdx.x;
   const IndexView codes(p.codes), offs(p.doc_offsets), qlens(p.query_lengths);
   const IndexView pq(p.pair_query_ids), pd(p.pair_doc_ids);
   const float nan = __int_as_float(0x7fc00000), inf = __int_as_float(0x7f800000);
@@ -115,8 +102,8 @@ __global__ void __launch_bounds__(kGatherWarps * 32, W == 1 ? 7 : 8) centroid_sc
     const int64_t v = qlens.fetch(q, ok1);
     qlen = !ok1 ? 0 : (v < 0 ? 0 : (v > p.lq ? p.lq : v));
   }
-  if (!ok || qlen == 0 || e == s) {  // uniform over the group
-    if (first) p.scores[pair] = !ok ? nan : (qlen == 0 ? 0.f : -inf);
+  if (!ok || qlen == 0 || e == s) {  // uniform over the CTA
+    if (threadIdx.x == 0) p.scores[pair] = !ok ? nan : (qlen == 0 ? 0.f : -inf);
     return;
   }
   // A lane's code as the row index it stands for: kAbsent past the document's end, kBad
@@ -128,14 +115,13 @@ __global__ void __launch_bounds__(kGatherWarps * 32, W == 1 ? 7 : 8) centroid_sc
     return c >= 0 && c < p.n_centroids ? static_cast<int>(c) : kBad;
   };
   const float* table = p.table + q * p.query_stride;
-  constexpr int64_t kStride = W * 32;
+  constexpr int64_t kStride = kGatherWarps * 32;
   float total = 0.f;
-#pragma unroll 1
   for (int64_t i0 = 0; i0 < qlen; i0 += 32) {
     const int64_t i = i0 + lane;
     const bool live = i < qlen;
     float best = -inf;
-    int64_t j0 = s + wi * 32;
+    int64_t j0 = s + warp * 32;
     int next = j0 < e ? row_of(j0 + lane) : kAbsent;
     if constexpr (kVec) {
       // Lane (g, h) = (lane / 8, lane % 8) reads query tokens i0 + 4h .. 4h + 3 of rows
@@ -144,7 +130,6 @@ __global__ void __launch_bounds__(kGatherWarps * 32, W == 1 ? 7 : 8) centroid_sc
       const int64_t i4 = i0 + 4 * h;
       const bool live4 = i4 < qlen;  // the tokens past qlen in a live float4 are cut below
       float4 b4 = make_float4(-inf, -inf, -inf, -inf);
-#pragma unroll 1  // one block's reads in flight at a time: unrolled further, ptxas spills
       for (; j0 < e; j0 += kStride) {
         const int row = next;
         next = j0 + kStride < e ? row_of(j0 + kStride + lane) : kAbsent;
@@ -176,35 +161,31 @@ __global__ void __launch_bounds__(kGatherWarps * 32, W == 1 ? 7 : 8) centroid_sc
       for (int c = 1; c < 4; ++c) best = k == c ? pick[c] : best;
     } else {
       const float* column = table + (live ? i : 0);
-#pragma unroll 1  // one block's reads in flight at a time: unrolled further, ptxas spills
       for (; j0 < e; j0 += kStride) {
         const int row = next;
         next = j0 + kStride < e ? row_of(j0 + kStride + lane) : kAbsent;
-#pragma unroll 1  // eight reads in flight: with more, ptxas spills at the 64-register cap
-        for (int u0 = 0; u0 < 32; u0 += 8) {
 #pragma unroll
-          for (int u = u0; u < u0 + 8; ++u) {
-            const int r = __shfl_sync(0xffffffffu, row, u);
-            best = max_nan(r >= 0 && live ? __ldg(column + static_cast<int64_t>(r) * p.row_stride)
-                                          : (r == kBad ? nan : -inf), best);
-          }
+        for (int u = 0; u < 32; ++u) {  // ptxas hoists the reads ahead of the folds
+          const int r = __shfl_sync(0xffffffffu, row, u);
+          best = max_nan(r >= 0 && live ? __ldg(column + static_cast<int64_t>(r) * p.row_stride)
+                                        : (r == kBad ? nan : -inf), best);
         }
       }
     }
     red[warp][lane] = best;
-    group_sync<W>(group);
-    if (wi == 0) {
-      float m = best;
+    __syncthreads();
+    if (warp == 0) {
+      float m = red[0][lane];
 #pragma unroll
-      for (int w = 1; w < W; ++w) m = max_nan(red[warp + w][lane], m);
+      for (int w = 1; w < kGatherWarps; ++w) m = max_nan(red[w][lane], m);
       float part = live ? m : 0.f;
 #pragma unroll
       for (int o = 16; o > 0; o /= 2) part += __shfl_xor_sync(0xffffffffu, part, o);
       total += part;
     }
-    group_sync<W>(group);  // red is rewritten by the next chunk
+    __syncthreads();  // red is rewritten by the next chunk
   }
-  if (first) p.scores[pair] = total;
+  if (threadIdx.x == 0) p.scores[pair] = total;
 }
 
 }  // namespace kernel
@@ -239,18 +220,8 @@ cudaError_t launch_centroid_score(const CentroidParams& p) {
   // whole float4s of a row: rows and queries 16-byte aligned, Lq a multiple of 4
   const bool vec = reinterpret_cast<uintptr_t>(p.table) % 16 == 0 && p.row_stride % 4 == 0 &&
                    p.query_stride % 4 == 0 && p.lq % 4 == 0;
-  // Warps a pair: as many as keep the GPU's warp slots (eight 4-warp CTAs an SM) filled.
-  // Fewer warps a pair cost a longer chain of dependent reads each, more cost a CTA (and its
-  // offset and code reads) per pair; with pairs to spare, fewer is faster.
-  const int64_t slots = static_cast<int64_t>(p.num_sms) * 8 * kernel::kGatherWarps;
-  const int w = p.pairs >= slots ? 1 : (2 * p.pairs >= slots ? 2 : 4);
-  const int64_t ctas = (p.pairs * w + kernel::kGatherWarps - 1) / kernel::kGatherWarps;
-  const auto go = [&](auto kernel) {
-    kernel<<<static_cast<unsigned>(ctas), kernel::kGatherWarps * 32, 0, p.stream>>>(p);
-  };
-  if (w == 1) go(vec ? kernel::centroid_score_kernel<true, 1> : kernel::centroid_score_kernel<false, 1>);
-  if (w == 2) go(vec ? kernel::centroid_score_kernel<true, 2> : kernel::centroid_score_kernel<false, 2>);
-  if (w == 4) go(vec ? kernel::centroid_score_kernel<true, 4> : kernel::centroid_score_kernel<false, 4>);
+  const auto kernel = vec ? kernel::centroid_score_kernel<true> : kernel::centroid_score_kernel<false>;
+  kernel<<<static_cast<unsigned>(p.pairs), kernel::kGatherWarps * 32, 0, p.stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -108,7 +108,6 @@ struct CentroidParams {
   IndexRef codes, doc_offsets, query_lengths, pair_query_ids, pair_doc_ids;
   int64_t num_docs = 0, pairs = 0;
   float* scores = nullptr;
-  int num_sms = 1;
   cudaStream_t stream = nullptr;
 };
 cudaError_t launch_centroid_score(const CentroidParams& p);

@@ -588,7 +588,6 @@ at::Tensor centroid_forward(const at::Tensor& table, const at::Tensor& document_
   at::Tensor scores = at::empty(shape, table.options());
   p.pairs = scores.numel();
   p.scores = p.pairs > 0 ? scores.data_ptr<float>() : nullptr;
-  p.num_sms = num_sms();
   p.stream = c10::cuda::getCurrentCUDAStream().stream();
   check_launch(launch_centroid_score(p));
   return scores;

@@ -470,8 +470,8 @@ def test_centroid_score_graph_capture(device, rng):
 
 @pytest.mark.parametrize("lq", (31, 32))
 def test_centroid_score_many_pairs(device, lq, rng):
-    """Enough pairs that the GPU gives each one warp (every-pair grid, 4,500 pairs) or two
-    (2,500 listed pairs, the last CTA partly empty), short and empty documents among them."""
+    """More pairs than the GPU holds at once (every-pair grid, 4,500 pairs; 2,501 listed ones),
+    short and empty documents among them; listed pairs score bit for bit as in the grid."""
     ms, dev = residual_backends(device)
     lens = tuple(torch.randint(0, 70, (1500,), generator=rng).tolist())
     q, centroids, codes, offsets = centroid_case(rng, dev, nq=3, lq=lq, n_cent=900, dim=40, lens=lens)
