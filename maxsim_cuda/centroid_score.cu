@@ -5,19 +5,22 @@
 // file's table kernel serves the rest: a CTA takes 32 centroids of one query's 32-token chunk,
 // lane l being query token i0 + l, so each warp writes whole rows.
 //
-// The gather is bound by its table reads: a document token costs one row of Lq floats (128
-// bytes at Lq 32) from L2, or L1 where an earlier token read it. One CTA per pair; each warp
-// takes blocks of 32 tokens, reads their 32 codes in one coalesced load (the next block's
-// before this block's rows), hands code u to every lane by a shuffle, and issues the block's
-// row reads back to back so that none waits on another. Where rows are 16-byte aligned and Lq
-// is a multiple of 4, a lane reads a float4 (four rows per warp instruction, eight a block).
-// Warps' maxima meet in shared memory; the per-token maxima are summed by a fixed shuffle tree
-// (deterministic; max.NaN returns the canonical NaN, so even NaN bits repeat).
+// The gather reads one row of Lq floats (128 bytes at Lq 32) a document token, from L2 (or
+// L1 where an earlier token read it); what bounds it is the chain of dependent reads each
+// pair waits on (its offsets, then its codes, then its rows), not the bytes. One CTA per
+// pair: the CTA first stages the document's codes as row indices in shared memory, all of a
+// thread's code reads in flight at once (one round trip for up to kCodeChunk tokens); then
+// each warp takes blocks of 32 tokens and issues a block's row reads back to back, so that
+// none waits on another. Where rows are 16-byte aligned and Lq is a multiple of 4, a lane
+// reads a float4 (four rows per warp instruction, eight a block). Warps' maxima meet in
+// shared memory; the per-token maxima are summed by a fixed shuffle tree (deterministic;
+// max.NaN returns the canonical NaN, so even NaN bits repeat).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "kernel/policies.cuh"
 #include "kernel/primitives.cuh"
@@ -27,7 +30,11 @@ namespace maxsim_cuda {
 namespace kernel {
 
 constexpr int kTableCentroids = 32, kTableDims = 64, kTableThreads = 256;
-constexpr int kGatherWarps = 4;
+// Codes staged a chunk at a time (a document of up to kCodeChunk tokens is read once).
+constexpr int kCodeChunk = 1024;
+// A row index that stands for no token (past the document's end), or for a bad code (outside
+// [0, n_centroids): the token scores NaN and nothing is read).
+constexpr int kAbsent = -1, kBad = -2;
 
 template <class T>
 __device__ __forceinline__ float load_float(const void* p, int64_t i) {
@@ -78,9 +85,11 @@ __global__ void __launch_bounds__(kTableThreads) centroid_table_kernel(const Cen
   }
 }
 
-template <bool kVec>
-__global__ void __launch_bounds__(kGatherWarps * 32, 8) centroid_score_kernel(const CentroidParams p) {
-  __shared__ float red[kGatherWarps][32];
+template <bool kVec, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32, 32 / kWarps) centroid_score_kernel(const CentroidParams p) {
+  constexpr int kThreads = kWarps * 32;
+  __shared__ float red[kWarps][32];
+  __shared__ int rows[kCodeChunk];  // the staged codes as row indices (kAbsent / kBad)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t pair = blockIdx.x;
   const IndexView codes(p.codes), offs(p.doc_offsets), qlens(p.query_lengths);
@@ -106,43 +115,66 @@ __global__ void __launch_bounds__(kGatherWarps * 32, 8) centroid_score_kernel(co
     if (threadIdx.x == 0) p.scores[pair] = !ok ? nan : (qlen == 0 ? 0.f : -inf);
     return;
   }
-  // A lane's code as the row index it stands for: kAbsent past the document's end, kBad
-  // outside [0, n_centroids) (the token scores NaN; nothing is read).
-  constexpr int kAbsent = -1, kBad = -2;
-  const auto row_of = [&](int64_t j) -> int {
-    if (j >= e) return kAbsent;
-    const int64_t c = codes.load(j);
-    return c >= 0 && c < p.n_centroids ? static_cast<int>(c) : kBad;
+  // Stage codes c0 .. c0 + kCodeChunk as row indices: all of a thread's reads are issued
+  // before any is stored, so the chunk costs one round trip to memory.
+  const auto stage = [&](int64_t c0) {
+    constexpr int kPer = kCodeChunk / kThreads;
+    int r[kPer];
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      const int64_t j = c0 + threadIdx.x + u * kThreads;
+      const int64_t c = j < e ? codes.load(j) : 0;
+      r[u] = j >= e ? kAbsent : (c >= 0 && c < p.n_centroids ? static_cast<int>(c) : kBad);
+    }
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) rows[threadIdx.x + u * kThreads] = r[u];
+    __syncthreads();
   };
+  const bool one_chunk = e - s <= kCodeChunk;  // staged once for every query chunk
+  if (one_chunk) stage(s);
   const float* table = p.table + q * p.query_stride;
-  constexpr int64_t kStride = kGatherWarps * 32;
   float total = 0.f;
   for (int64_t i0 = 0; i0 < qlen; i0 += 32) {
     const int64_t i = i0 + lane;
     const bool live = i < qlen;
+    // Lane (g, h) = (lane / 8, lane % 8) of the float4 path reads query tokens i0 + 4h ..
+    // 4h + 3 of rows 4u + g: four 128-byte rows per warp instruction, eight a block.
+    const int g = lane / 8, h = lane % 8;
+    const int64_t i4 = i0 + 4 * h;
+    const bool live4 = i4 < qlen;  // the tokens past qlen in a live float4 are cut below
+    const float* column = table + (live ? i : 0);
     float best = -inf;
-    int64_t j0 = s + warp * 32;
-    int next = j0 < e ? row_of(j0 + lane) : kAbsent;
-    if constexpr (kVec) {
-      // Lane (g, h) = (lane / 8, lane % 8) reads query tokens i0 + 4h .. 4h + 3 of rows
-      // 4u + g: a warp reads four 128-byte rows per instruction, eight instructions a block.
-      const int g = lane / 8, h = lane % 8;
-      const int64_t i4 = i0 + 4 * h;
-      const bool live4 = i4 < qlen;  // the tokens past qlen in a live float4 are cut below
-      float4 b4 = make_float4(-inf, -inf, -inf, -inf);
-      for (; j0 < e; j0 += kStride) {
-        const int row = next;
-        next = j0 + kStride < e ? row_of(j0 + kStride + lane) : kAbsent;
+    float4 b4 = make_float4(-inf, -inf, -inf, -inf);
+    for (int64_t c0 = s; c0 < e; c0 += kCodeChunk) {
+      if (!one_chunk) {
+        __syncthreads();  // the last chunk's rows are read
+        stage(c0);
+      }
+      // a warp's blocks of 32 staged rows: their reads issued back to back, none waiting
+      // on another (ptxas hoists them ahead of the folds)
+      for (int b = warp * 32; b < kCodeChunk && c0 + b < e; b += kThreads) {
+        if constexpr (kVec) {
 #pragma unroll
-        for (int u = 0; u < 8; ++u) {  // ptxas hoists the reads ahead of the folds
-          const int r = __shfl_sync(0xffffffffu, row, 4 * u + g);
-          const float f = r == kBad ? nan : -inf;
-          const float4 x = r >= 0 && live4
-                               ? __ldg(reinterpret_cast<const float4*>(table + static_cast<int64_t>(r) * p.row_stride + i4))
-                               : make_float4(f, f, f, f);
-          b4 = make_float4(max_nan(x.x, b4.x), max_nan(x.y, b4.y), max_nan(x.z, b4.z), max_nan(x.w, b4.w));
+          for (int u = 0; u < 8; ++u) {
+            const int r = rows[b + 4 * u + g];
+            const float f = r == kBad ? nan : -inf;
+            const float4 x =
+                r >= 0 && live4
+                    ? __ldg(reinterpret_cast<const float4*>(table + static_cast<int64_t>(r) * p.row_stride + i4))
+                    : make_float4(f, f, f, f);
+            b4 = make_float4(max_nan(x.x, b4.x), max_nan(x.y, b4.y), max_nan(x.z, b4.z), max_nan(x.w, b4.w));
+          }
+        } else {
+#pragma unroll
+          for (int u = 0; u < 32; ++u) {
+            const int r = rows[b + u];
+            best = max_nan(r >= 0 && live ? __ldg(column + static_cast<int64_t>(r) * p.row_stride)
+                                          : (r == kBad ? nan : -inf), best);
+          }
         }
       }
+    }
+    if constexpr (kVec) {
 #pragma unroll
       for (int o = 8; o < 32; o *= 2) {
         b4.x = max_nan(__shfl_xor_sync(0xffffffffu, b4.x, o), b4.x);
@@ -159,25 +191,13 @@ __global__ void __launch_bounds__(kGatherWarps * 32, 8) centroid_score_kernel(co
       best = pick[0];
 #pragma unroll
       for (int c = 1; c < 4; ++c) best = k == c ? pick[c] : best;
-    } else {
-      const float* column = table + (live ? i : 0);
-      for (; j0 < e; j0 += kStride) {
-        const int row = next;
-        next = j0 + kStride < e ? row_of(j0 + kStride + lane) : kAbsent;
-#pragma unroll
-        for (int u = 0; u < 32; ++u) {  // ptxas hoists the reads ahead of the folds
-          const int r = __shfl_sync(0xffffffffu, row, u);
-          best = max_nan(r >= 0 && live ? __ldg(column + static_cast<int64_t>(r) * p.row_stride)
-                                        : (r == kBad ? nan : -inf), best);
-        }
-      }
     }
     red[warp][lane] = best;
     __syncthreads();
     if (warp == 0) {
       float m = red[0][lane];
 #pragma unroll
-      for (int w = 1; w < kGatherWarps; ++w) m = max_nan(red[w][lane], m);
+      for (int w = 1; w < kWarps; ++w) m = max_nan(red[w][lane], m);
       float part = live ? m : 0.f;
 #pragma unroll
       for (int o = 16; o > 0; o /= 2) part += __shfl_xor_sync(0xffffffffu, part, o);
@@ -220,8 +240,14 @@ cudaError_t launch_centroid_score(const CentroidParams& p) {
   // whole float4s of a row: rows and queries 16-byte aligned, Lq a multiple of 4
   const bool vec = reinterpret_cast<uintptr_t>(p.table) % 16 == 0 && p.row_stride % 4 == 0 &&
                    p.query_stride % 4 == 0 && p.lq % 4 == 0;
-  const auto kernel = vec ? kernel::centroid_score_kernel<true> : kernel::centroid_score_kernel<false>;
-  kernel<<<static_cast<unsigned>(p.pairs), kernel::kGatherWarps * 32, 0, p.stream>>>(p);
+  const char* knob = std::getenv("MAXSIM_CUDA_CENTROID_WARPS");  // A/B only, being decided
+  if (knob != nullptr && knob[0] == '8') {
+    const auto kernel = vec ? kernel::centroid_score_kernel<true, 8> : kernel::centroid_score_kernel<false, 8>;
+    kernel<<<static_cast<unsigned>(p.pairs), 8 * 32, 0, p.stream>>>(p);
+  } else {
+    const auto kernel = vec ? kernel::centroid_score_kernel<true, 4> : kernel::centroid_score_kernel<false, 4>;
+    kernel<<<static_cast<unsigned>(p.pairs), 4 * 32, 0, p.stream>>>(p);
+  }
   return cudaGetLastError();
 }
 
