@@ -7,7 +7,7 @@ default it takes only long documents or dim > 128), in both of its padded shapes
     compute-sanitizer --tool memcheck  python3 tools/device/sanitize_subset.py
     compute-sanitizer --tool racecheck python3 tools/device/sanitize_subset.py
 
-SANITIZE_PARTS=residual (comma-separated: float, compressed, residual, hopper) runs only those.
+SANITIZE_PARTS=residual (comma-separated: float, compressed, residual, hopper, centroids) runs only those.
 """
 import os
 from pathlib import Path
@@ -138,7 +138,30 @@ def residual_entry_points(dtype, dim, nbits):
     out[:6].sum().backward()
 
 
-parts = set(os.environ.get("SANITIZE_PARTS", "float,compressed,residual,hopper").split(","))
+def centroid_scores(query_dtype, centroid_dtype, lq):
+    """score_centroids: both table routes (cuBLAS for one 16-bit dtype, the table kernel for the
+    rest), the float4 and scalar gathers (lq 32 / 45), a document past one staged chunk, codes out
+    of range both ways, bad pair ids and bad offsets (NaN, no access out of bounds)."""
+    n_cent, dim = 300, 64
+    cents = rand(n_cent, dim, dtype=centroid_dtype)
+    q = rand(3, lq, dim, dtype=query_dtype)
+    lens = torch.tensor([0, 1, 33, 1500, 300])
+    offs = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]).to(dev)
+    codes = torch.randint(0, n_cent, (int(lens.sum()),), generator=gen).to(dev)
+    codes[40], codes[-1] = n_cent, -3
+    ql = torch.tensor([lq, 0, 7], device=dev)
+    grid = maxsim.score_centroids(q, codes, offs, cents, query_lengths=ql)
+    assert torch.isnan(grid[[0, 2], 3]).all() and torch.isnan(grid[[0, 2], 4]).all(), grid
+    pq = torch.tensor([0, 2, 9, 1, -1], device=dev)
+    pd = torch.tensor([3, 2, 1, 7, 0], device=dev)
+    out = maxsim.score_centroids(q, codes.int(), offs, cents, pair_query_ids=pq, pair_document_ids=pd)
+    assert torch.isnan(out[[2, 3, 4]]).all(), out
+    bad_offs = offs.clone()
+    bad_offs[2] = 10**9
+    assert torch.isnan(maxsim.score_centroids(q, codes, bad_offs, cents)[:, 1:3]).all()
+
+
+parts = set(os.environ.get("SANITIZE_PARTS", "float,compressed,residual,hopper,centroids").split(","))
 for dtype in (torch.float16, torch.bfloat16, torch.float32):
     for dim in (3, 128, 300):
         if "float" in parts:
@@ -150,6 +173,10 @@ if "residual" in parts:
     for dtype in (torch.float16, torch.bfloat16):
         for dim, nbits in ((8, 1), (64, 4), (128, 2), (256, 2)):
             residual_entry_points(dtype, dim, nbits)
+if "centroids" in parts:
+    for query_dtype, centroid_dtype in ((torch.float16, torch.float16), (torch.float32, torch.bfloat16)):
+        for lq in (32, 45):
+            centroid_scores(query_dtype, centroid_dtype, lq)
 if "hopper" in parts:
     os.environ.update(MAXSIM_CUDA_HOPPER_PADDED="1", MAXSIM_CUDA_HOPPER_PACKED="1")
     for ctas in ("2", "1"):
