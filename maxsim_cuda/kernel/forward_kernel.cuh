@@ -210,29 +210,17 @@ __global__ void __launch_bounds__(ML::kThreads, ML::kMinBlocks)
   if constexpr (ML::kPipelined) cp_async_wait<0>();
 }
 
-// Per-device cache of the launch configuration of one kernel instantiation.
+// One persistent launch of a kernel instantiation, as many CTAs as stay resident.
 template <class ML, class Policy>
 cudaError_t run_forward(const Policy& pol, const FwdArgs<typename ML::Elem, typename ML::DocT>& a, int num_sms,
                         cudaStream_t stream) {
   const int64_t steps = pol.steps();
   if (steps <= 0) return cudaSuccess;
-  auto kern = maxsim_forward_kernel<ML, Policy>;
+  constexpr auto kern = maxsim_forward_kernel<ML, Policy>;
   constexpr size_t smem = FwdSmem<ML, Policy>::bytes();
-  static int occupancy[64] = {0};
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
+  int occ = 1;
+  const cudaError_t err = resident_ctas<kern>(ML::kThreads, smem, 1 << 30, occ);
   if (err != cudaSuccess) return err;
-  int& occ = occupancy[dev & 63];
-  if (occ == 0) {
-    if (smem > 48 * 1024) {
-      err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-      if (err != cudaSuccess) return err;
-    }
-    int o = 0;
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, kern, ML::kThreads, smem);
-    if (err != cudaSuccess) return err;
-    occ = o > 0 ? o : 1;
-  }
   const int64_t ctas = plan_ctas(steps, num_sms, occ);
   kern<<<static_cast<unsigned>(ctas), ML::kThreads, smem, stream>>>(pol, a);
   return cudaGetLastError();

@@ -233,21 +233,9 @@ cudaError_t launch_hopper(const ForwardParams& p, const Policy& pol, const Epilo
   constexpr size_t smem = HopperSmem<Shape>::bytes();
   // sm_90: 228 KB of shared memory per SM, 1 KB of it reserved per resident CTA
   static_assert(Shape::kCtasPerSm * (smem + 1024) <= 228 * 1024, "the planned CTAs per SM do not fit");
-  // Resident CTAs per SM, cached per device: the shape's plan, or fewer if the device
-  // says so (a grid planned for two per SM that got one would run in two waves).
-  static int occupancy[64] = {0};
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
+  int occ = 1;  // the shape's plan, or fewer if the device says so
+  cudaError_t err = resident_ctas<kKernel>(Shape::kThreads, smem, Shape::kCtasPerSm, occ);
   if (err != cudaSuccess) return err;
-  int& occ = occupancy[dev & 63];
-  if (occ == 0) {
-    err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (err != cudaSuccess) return err;
-    int o = 0;
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, kern, Shape::kThreads, smem);
-    if (err != cudaSuccess) return err;
-    occ = o < 1 ? 1 : (o > Shape::kCtasPerSm ? Shape::kCtasPerSm : o);
-  }
   const int64_t ctas = plan_ctas(steps, p.num_sms, occ);
   // Long queries' chunk sums: stream-ordered scratch (capturable in a CUDA graph).
   const size_t partial_bytes = hp.nchunks > 1 ? size_t(hp.blocks) * size_t(pol.Nb) * sizeof(float) : 0;

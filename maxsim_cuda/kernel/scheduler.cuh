@@ -5,6 +5,9 @@
 // cp.async pipeline never drains between documents. Torch-free.
 #pragma once
 
+#include <cuda_runtime.h>
+
+#include <cstddef>
 #include <cstdint>
 
 namespace maxsim_cuda {
@@ -54,6 +57,31 @@ struct GroupedOrder {
 inline int64_t plan_ctas(int64_t steps, int num_sms, int ctas_per_sm) {
   int64_t resident = static_cast<int64_t>(num_sms > 0 ? num_sms : 1) * (ctas_per_sm > 0 ? ctas_per_sm : 1);
   return steps < resident ? steps : resident;
+}
+
+// Host side: resident CTAs per SM of one kernel on the current device (what the device
+// reports, at least 1 and at most `cap`: a grid planned for two per SM that gets one would run
+// in two waves), cached per device and per kernel. Dynamic shared memory past 48 KB is allowed
+// first. No sync: capture-safe once cached, and the first call is a host-only query.
+template <auto kKernel>
+cudaError_t resident_ctas(int threads, size_t smem, int cap, int& ctas) {
+  static int cache[64] = {0};
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  int& occ = cache[dev & 63];
+  if (occ == 0) {
+    if (smem > 48 * 1024) {
+      err = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+      if (err != cudaSuccess) return err;
+    }
+    int o = 0;
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, kKernel, threads, smem);
+    if (err != cudaSuccess) return err;
+    occ = o < 1 ? 1 : (o > cap ? cap : o);
+  }
+  ctas = occ;
+  return cudaSuccess;
 }
 
 }  // namespace kernel
