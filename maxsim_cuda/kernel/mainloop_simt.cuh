@@ -117,20 +117,25 @@ struct SimtMainloop {
   __device__ __forceinline__ int col_of(int c) const { return (c < 4 ? 0 : BN / 2) + tx * 4 + (c & 3); }
 
   // The K chunk at k0 of the query block and of the tile, into registers (element e of the
-  // thread: row e / KC, column e % KC, so a warp reads whole 32-element row runs).
+  // thread: row e / KC, column e % KC, so a warp reads whole 32-element row runs). A thread's
+  // elements share one column and step kRowStep rows at a time, so each stream is one base
+  // pointer and one 64-bit stride: with an address per element (64-bit index arithmetic for
+  // each of QL + DL values) ptxas spilled the widening compressed shape at sm_80 - sm_89.
+  static constexpr int kRowStep = kThreads / KC;
+  static_assert(kThreads % KC == 0, "a thread's elements share a column");
   __device__ __forceinline__ void fetch(Acc (&qv)[QL], Acc (&dv)[DL], const DocT* docs, int64_t row0,
                                         int cols_valid, int64_t k0) const {
+    const int r0 = threadIdx.x / KC;
+    const int64_t k = k0 + threadIdx.x % KC;
+    const bool k_in = k < dim;
+    const int64_t step = int64_t(kRowStep) * dim;
+    const T* q = qbase + int64_t(r0) * dim + k;  // dereferenced only at valid rows and k
 #pragma unroll
-    for (int i = 0; i < QL; ++i) {
-      const int e = threadIdx.x + i * kThreads, r = e / KC;
-      const int64_t k = k0 + e % KC;
-      qv[i] = (qvalid[r] && k < dim) ? to_acc<Acc>(qbase[int64_t(r) * dim + k]) : Acc(0);
-    }
+    for (int i = 0; i < QL; ++i) qv[i] = (qvalid[r0 + i * kRowStep] && k_in) ? to_acc<Acc>(q[i * step]) : Acc(0);
+    const int64_t d0 = (row0 + r0) * dim + k;
 #pragma unroll
     for (int i = 0; i < DL; ++i) {
-      const int e = threadIdx.x + i * kThreads, n = e / KC;
-      const int64_t k = k0 + e % KC;
-      dv[i] = (n < cols_valid && k < dim) ? doc_value(docs, (row0 + n) * dim + k) : Acc(0);
+      dv[i] = (r0 + i * kRowStep < cols_valid && k_in) ? doc_value(docs, d0 + i * step) : Acc(0);
     }
   }
 
