@@ -117,18 +117,15 @@ __device__ __forceinline__ uint32_t lop3_select(uint32_t a, uint32_t b, uint32_t
 #else
 #define MAXSIM_E4M3_CVT 0
 #endif
-// kBitMoves: a caller may ask for the bit-move widening of e4m3 on any chip (a shape whose
-// registers are too tight for the cvt's 16-bit temporaries); its queries then take that order.
-template <DocFormat F, bool kBitMoves = false>
+template <DocFormat F>
 struct PairBytes;
-template <bool kBitMoves>
-struct PairBytes<DocFormat::kInt8, kBitMoves> {
+template <>
+struct PairBytes<DocFormat::kInt8> {
   static constexpr int lo0 = 0, lo1 = 1, hi0 = 2, hi1 = 3;
 };
-template <bool kBitMoves>
-struct PairBytes<DocFormat::kE4M3, kBitMoves> {
-  static constexpr bool kCvt = MAXSIM_E4M3_CVT && !kBitMoves;
-  static constexpr int lo0 = 0, lo1 = kCvt ? 1 : 2, hi0 = kCvt ? 2 : 1, hi1 = 3;
+template <>
+struct PairBytes<DocFormat::kE4M3> {
+  static constexpr int lo0 = 0, lo1 = MAXSIM_E4M3_CVT ? 1 : 2, hi0 = MAXSIM_E4M3_CVT ? 2 : 1, hi1 = 3;
 };
 
 // int8 -> fp16: byte x ^ 0x80 = x + 128 placed under the exponent byte 0x64 is the half
@@ -162,20 +159,17 @@ __device__ __forceinline__ uint32_t hmul2_bits(uint32_t x, uint32_t y) {
 }
 
 // e4m3fn -> fp16 values (see PairBytes for the byte order).
-template <bool kBitMoves = false>
 __device__ __forceinline__ void e4m3x4_to_half2x2(uint32_t w, uint32_t& lo, uint32_t& hi) {
 #if MAXSIM_E4M3_CVT
-  if constexpr (!kBitMoves) {
-    const unsigned short w_lo = static_cast<unsigned short>(w & 0xffffu), w_hi = static_cast<unsigned short>(w >> 16);
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(lo) : "h"(w_lo));
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(hi) : "h"(w_hi));
-    return;
-  }
-#endif
+  const unsigned short w_lo = static_cast<unsigned short>(w & 0xffffu), w_hi = static_cast<unsigned short>(w >> 16);
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(lo) : "h"(w_lo));
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(hi) : "h"(w_hi));
+#else
   e4m3x4_to_scaled_half2x2(w, lo, hi);
   // x 2^8, exact (fp16 arithmetic keeps subnormal inputs; the result is normal)
   lo = hmul2_bits(lo, 0x5c005c00u);
   hi = hmul2_bits(hi, 0x5c005c00u);
+#endif
 }
 
 __device__ __forceinline__ uint32_t half2_to_bf162_bits(uint32_t h) {
@@ -185,12 +179,12 @@ __device__ __forceinline__ uint32_t half2_to_bf162_bits(uint32_t h) {
 }
 
 // Four document bytes -> the two B registers (T pairs) of one k16 step (see PairBytes).
-template <class T, DocFormat F, bool kBitMoves = false>
+template <class T, DocFormat F>
 __device__ __forceinline__ void widen_word(uint32_t w, uint32_t& lo, uint32_t& hi) {
   if constexpr (F == DocFormat::kInt8) {
     int8x4_to_half2x2(w, lo, hi);
   } else {
-    e4m3x4_to_half2x2<kBitMoves>(w, lo, hi);
+    e4m3x4_to_half2x2(w, lo, hi);
   }
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     lo = half2_to_bf162_bits(lo);

@@ -171,11 +171,6 @@ struct MmaMainloop {
   static constexpr int NT = NTW / 8;
   static constexpr int KS = KD / 16;
   static constexpr int kSlots = WN;
-  // float16 queries with e4m3 documents at 64-row blocks and two CTAs an SM (128 registers a
-  // thread): the cvt widening's 16-bit temporaries made ptxas spill 16 bytes at sm_90a, the
-  // bit moves (as before sm_89) fit.
-  static constexpr bool kE4M3BitMoves =
-      F == DocFormat::kE4M3 && std::is_same_v<T, __half> && BM == 64 && MIN_BLOCKS_ == 2;
   static_assert(MT >= 1 && BM == MT * 16 * WM, "BM");
   static_assert(NT % 2 == 0, "NT must be even (ldmatrix.x4 loads two n8 tiles)");
   using Swz = std::conditional_t<(KD > 64), PairSwizzle, NoSwizzle>;  // compressed tiles
@@ -370,7 +365,7 @@ struct MmaMainloop {
   // Compressed documents: the A fragments in the documents' k permutation. Lane t4 of row r
   // reads the 16 columns 64 * kq + 16 * t4 + [0, 16) (two 16-byte loads when they can be).
   __device__ __forceinline__ void load_query_permuted(const T* queries, const QueryRows& qr) {
-    using PB = PairBytes<F, kE4M3BitMoves>;
+    using PB = PairBytes<F>;
     const int g = lane / 4, t4 = lane % 4;
     const bool vec = dim % 8 == 0 && (reinterpret_cast<uintptr_t>(queries) & 15) == 0;
 #pragma unroll
@@ -450,7 +445,7 @@ struct MmaMainloop {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           uint32_t b0, b1;
-          widen_word<T, F, kE4M3BitMoves>(w[j], b0, b1);
+          widen_word<T, F>(w[j], b0, b1);
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) Mma16816<T>::run(acc[mt][nt], qa[mt][4 * kq + j], b0, b1);
         }
