@@ -89,7 +89,7 @@ MAXSIM_DECLARE_BACKEND(maxsim_cuda)
 MAXSIM_DECLARE_CENTROIDS(maxsim_cuda)
 namespace maxsim_cuda {
 // The centroid score's table in float32 accumulation whatever the matmul settings (CUDA only:
-// elsewhere torch's float32 matmul already accumulates in float32).
+// the CPU takes a float64 matmul under reduced precision settings, Metal has no TF32).
 at::Tensor centroid_table(const at::Tensor& queries, const at::Tensor& centroids);
 }
 #endif

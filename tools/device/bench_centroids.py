@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -26,23 +25,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_compressed import graph_time_ms  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
-def eager_ms(fn, calls=50, repeats=5):
-    """Median over repeats of the mean time per call of `calls` back-to-back calls (host cost
-    included where the host is the bound)."""
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    return statistics.median(times)
+def eager_ms(fn, reps=50, warmup=3):
+    """CUDA-event-timed median of single calls, host cost included: benchmarks/compare.py's
+    eager timing, so "eager" means here what it means in its tables."""
+    from compare import time_ms
+
+    return time_ms(fn, "cuda", warmup, reps)
 
 
 def exact_table(centroids, query):
