@@ -172,6 +172,43 @@ def test_dims_centroid_types_and_normalize(device, dim, normalize, centroid_dtyp
         assert_argmax(argmax, expect)
 
 
+@pytest.mark.parametrize("padded_lq", (1, 40, 100))
+@pytest.mark.parametrize("weights", ("values_of_queries_dtype", "float32"))
+@pytest.mark.parametrize("query_dtype", (torch.float16, torch.bfloat16), ids=str)
+@pytest.mark.parametrize("nbits", NBITS)
+def test_decoded_values_exact(device, nbits, query_dtype, weights, padded_lq, rng):
+    """Every decoded value, bit for bit: query b is the one-hot e_b and each candidate one token,
+    so score[b, c] = t_cb (one exact product). Weights that are values of the queries' dtype take
+    the CUDA kernel's 16-bit adds, others its float32 route; padded_lq picks its 32, 64 and
+    128-row query blocks (the first sums the norms on the tensor cores, the others while
+    decoding), whose normalised scores are t_cb / ||t_c|| to float32 rounding."""
+    ms, dev = residual_backends(device)
+    D, tokens, n_cent = 64, 150, 40
+    centroids = (torch.randn(n_cent, D, generator=rng) * 0.3).to(query_dtype)
+    w = torch.randn(1 << nbits, generator=rng, dtype=torch.float64) * 0.05
+    # float32 storage either way; values with bits below the queries' dtype make the sum round
+    w = w.to(query_dtype).float() if weights == "values_of_queries_dtype" else (w * (1 + 2.0 ** -12)).float()
+    codes = torch.randint(0, n_cent, (tokens,), generator=rng, dtype=torch.int32)
+    residuals = torch.randint(0, 256, (tokens, D * nbits // 8), generator=rng).to(torch.uint8)
+    queries = torch.zeros(D, padded_lq, D, dtype=query_dtype)
+    queries[:, 0] = torch.eye(D, dtype=query_dtype)
+    docs = residuals.view(1, tokens, 1, -1).repeat(D, 1, 1, 1)
+    doc_codes = codes.view(1, tokens, 1).repeat(D, 1, 1)
+    q_lens = torch.ones(D, dtype=torch.int64)
+    d_lens = torch.ones(D, tokens, dtype=torch.int64)
+    for normalize in (False, True):
+        codec = ms.ResidualCodec(centroids, w, nbits, normalize)
+        t, factor = RES.residual_tokens(codes, residuals, codec, query_dtype)
+        scores = ms.score_candidates_padded(
+            queries.to(dev), docs.to(dev), q_lens.to(dev), d_lens.to(dev),
+            document_codes=doc_codes.to(dev), residual_codec=codec.to(dev)).cpu()
+        if normalize:
+            torch.testing.assert_close(scores.double(), (t.double() * factor.double()[:, None]).T,
+                                       rtol=1e-5, atol=0)
+        else:
+            assert torch.equal(scores, t.float().T)
+
+
 @pytest.mark.parametrize("query_dtype", QUERY_DTYPES, ids=str)
 @pytest.mark.parametrize("surface", SURFACES)
 def test_query_gradient(device, surface, query_dtype, rng):

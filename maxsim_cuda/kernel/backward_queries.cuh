@@ -26,12 +26,6 @@ __device__ __forceinline__ bool residual_code_of(const BwdArgs<T, Acc>& a, int64
   return code >= 0 && code < a.res.n_centroids;
 }
 
-__device__ __forceinline__ float residual_weight(const ResidualRef& r, uint32_t bucket) {
-  return r.weights_dtype == 1   ? __half2float(static_cast<const __half*>(r.weights)[bucket])
-         : r.weights_dtype == 2 ? __bfloat162float(static_cast<const __nv_bfloat16*>(r.weights)[bucket])
-                                : __ldg(static_cast<const float*>(r.weights) + bucket);
-}
-
 // Elements [e, e + 8) of decoded row `row` (code valid, e a multiple of 8, e < dim).
 template <class T, class Acc>
 __device__ __forceinline__ uint4 residual_chunk(const BwdArgs<T, Acc>& a, int64_t row, int64_t code, int64_t e) {

@@ -75,20 +75,120 @@ __device__ __forceinline__ T float_to_half(float x) {
   }
 }
 
-// Eight centroid values (one 16-byte chunk of T) plus their bucket weights, summed in float32
-// and rounded once to T, in place; returns the sum of the rounded values' squares.
+// Shared-memory loads by address (the tiles are addressed as 32-bit shared pointers).
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint2 ld_shared_v2(uint32_t addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ float2 ld_shared_f2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+  return v;
+}
+
+// A bucket weight as float32, whatever dtype the codec keeps them in.
+__device__ __forceinline__ float residual_weight(const ResidualRef& r, uint32_t bucket) {
+  return r.weights_dtype == 1   ? __half2float(static_cast<const __half*>(r.weights)[bucket])
+         : r.weights_dtype == 2 ? __bfloat162float(static_cast<const __nv_bfloat16*>(r.weights)[bucket])
+                                : __ldg(static_cast<const float*>(r.weights) + bucket);
+}
+
+// The forward kernels decode two dimensions at a time: the 2 * nbits bits of a pair of
+// consecutive dimensions, as they lie in the stream, index a table of 2**(2 * nbits) weight
+// pairs (first dimension in the low half), built once per CTA by residual_pair_weights. The
+// table absorbs the per-id bit reversal, so a pair costs a shift, a mask and one shared load.
+__device__ __forceinline__ void residual_pair_weights(const ResidualRef& r, uint32_t entry, float& w0, float& w1) {
+  const int nb = r.nbits;
+  const uint32_t mask = (1u << nb) - 1u;
+  w0 = residual_weight(r, __brev(entry >> nb) >> (32 - nb));
+  w1 = residual_weight(r, __brev(entry & mask) >> (32 - nb));
+}
+
+// Whether every bucket weight is a value of T. Then c + w rounded once to T (a 16-bit add)
+// equals the contract's float32 sum rounded to T: float32 carries at least 2p + 2 bits of
+// T's p, so rounding twice cannot differ from rounding once (Figueroa), and a 16-bit add of
+// the pair is exact in everything else (inf, NaN, subnormals, signed zeros).
 template <class T>
-__device__ __forceinline__ float decode_residual_chunk(uint4& v, uint32_t bits, int nbits, const float* weights) {
-  T* e = reinterpret_cast<T*>(&v);
+__device__ __forceinline__ bool residual_weights_in(const ResidualRef& r) {
+  bool in = true;
+  for (int b = 0; b < (1 << r.nbits); ++b) {
+    const float w = residual_weight(r, uint32_t(b));
+    in = in && half_to_float(float_to_half<T>(w)) == w;
+  }
+  return in;
+}
+
+template <class T>
+struct Pair16;
+template <>
+struct Pair16<__half> {
+  using type = __half2;
+  __device__ __forceinline__ static uint32_t add(uint32_t c, uint32_t w) {
+    const __half2 s = __hadd2(*reinterpret_cast<const __half2*>(&c), *reinterpret_cast<const __half2*>(&w));
+    return *reinterpret_cast<const uint32_t*>(&s);
+  }
+  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
+    const __half2 s = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&s);
+  }
+  __device__ __forceinline__ static float2 unpack(uint32_t c) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&c));
+  }
+};
+template <>
+struct Pair16<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+  __device__ __forceinline__ static uint32_t add(uint32_t c, uint32_t w) {
+    const __nv_bfloat162 s =
+        __hadd2(*reinterpret_cast<const __nv_bfloat162*>(&c), *reinterpret_cast<const __nv_bfloat162*>(&w));
+    return *reinterpret_cast<const uint32_t*>(&s);
+  }
+  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
+    const __nv_bfloat162 s = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&s);
+  }
+  __device__ __forceinline__ static float2 unpack(uint32_t c) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&c));
+  }
+};
+
+// The sum of the squares of eight 16-bit values (a decoded chunk), in float32.
+template <class T>
+__device__ __forceinline__ float sum_squares(const uint4& v) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
   float ss = 0.f;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const T t = float_to_half<T>(half_to_float(e[j]) + weights[residual_bucket(bits, j, nbits)]);
-    const float f = half_to_float(t);
-    ss = fmaf(f, f, ss);
-    e[j] = t;
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = Pair16<T>::unpack(w[i]);
+    ss = fmaf(f.x, f.x, ss);
+    ss = fmaf(f.y, f.y, ss);
   }
   return ss;
+}
+
+// One centroid pair (16-bit, in place) plus its weights: t = round_T(c + w) per element, by a
+// 16-bit add when the weights are values of T (residual_weights_in), else in float32.
+template <class T, bool kWeightsInT>
+__device__ __forceinline__ uint32_t residual_add_pair(uint32_t c, uint32_t table_t, uint32_t table_f,
+                                                      uint32_t entry) {
+  if constexpr (kWeightsInT) {
+    return Pair16<T>::add(c, ld_shared_u32(table_t + 4u * entry));
+  } else {
+    const float2 w = ld_shared_f2(table_f + 8u * entry);
+    const float2 v = Pair16<T>::unpack(c);
+    return Pair16<T>::pack(v.x + w.x, v.y + w.y);
+  }
 }
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
@@ -316,27 +416,6 @@ struct WordSwizzle {
 struct QuadSwizzle {
   __device__ __forceinline__ static int chunk(int r, int ch) { return ch ^ ((r & 3) << 1); }
 };
-
-__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-  return v;
-}
-__device__ __forceinline__ uint2 ld_shared_v2(uint32_t addr) {
-  uint2 v;
-  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
-  return v;
-}
-__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
-  uint32_t v;
-  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
-  return v;
-}
-__device__ __forceinline__ float2 ld_shared_f2(uint32_t addr) {
-  float2 v;
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
-  return v;
-}
 
 // Multiplies each accumulator column (a document row of the tile) by its scale before the
 // fold: a thread's columns are cols0 + nt * 8 + {0, 1} of the tile, scales at `scale_base`.

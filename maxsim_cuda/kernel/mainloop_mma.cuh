@@ -152,9 +152,10 @@ __device__ __forceinline__ void mma_kstep(float (&acc)[MT][NT][4], const AFrag& 
 //
 // Residual documents (F = kResidual) are decoded rather than widened: the producer gathers each
 // row's centroid into the 16-bit tile by its code and copies the row's packed bucket ids beside
-// it; before the MMAs the CTA adds the bucket weights in place (decode_residual), sums each
-// row's squares into its scale (1 / norm), and the tile is then read as a 16-bit one, the
-// scales applied as for compressed tiles.
+// it; before the MMAs the CTA adds the bucket weights in place, a pair of dimensions at a time
+// (decode_residual), and the tile is then read as a 16-bit one. Each row's squared norm comes
+// from the tensor cores beside the similarities (the tile's rows times themselves, the diagonal
+// kept), so the decode does no float work for it.
 template <class T, int KD_, int BM_, int BN_, int WM, int WN, int STAGES_, int MIN_BLOCKS_ = 1,
           DocFormat F = DocFormat::kNative>
 struct MmaMainloop {
@@ -175,20 +176,29 @@ struct MmaMainloop {
   static_assert(NT % 2 == 0, "NT must be even (ldmatrix.x4 loads two n8 tiles)");
   using Swz = std::conditional_t<(KD > 64), PairSwizzle, NoSwizzle>;  // compressed tiles
 
-  // Residual stage: the 16-bit tile, BN scales, BN rows of packed bucket ids (at most KD / 2
-  // bytes: nbits <= 4), BN code flags (1: the code was in range). Then, once, the weights.
+  // Residual stage: the 16-bit tile, BN row scales (1, or NaN for a code out of range), BN rows
+  // of packed bucket ids (at most KD / 2 bytes: nbits <= 4). Then, once, the pair tables:
+  // 2**(2 * nbits) <= 256 weight pairs as two T (kPairTableT) and as two float32 (kPairTableF).
   static constexpr int kTileBytes = BN * KD * int(sizeof(T));
   static constexpr int kResidualRowBytes = KD / 2;
+  static constexpr int kPairTableT = 0, kPairTableF = 256 * 4, kPairTableBytes = 256 * 12;
   static constexpr size_t stage_bytes() {
-    if constexpr (kResidual) return size_t(kTileBytes) + size_t(BN) * (8 + kResidualRowBytes);
+    if constexpr (kResidual) return size_t(kTileBytes) + size_t(BN) * (4 + kResidualRowBytes);
     return kCompressed ? size_t(BN) * KD + size_t(BN) * sizeof(float) : size_t(BN) * KD * sizeof(T);
   }
-  static constexpr size_t smem_bytes() { return kStages * stage_bytes() + (kResidual ? 16 * sizeof(float) : 0); }
+  static constexpr size_t smem_bytes() { return kStages * stage_bytes() + (kResidual ? kPairTableBytes : 0); }
+  // Where a residual row's squared norm is summed: on the tensor cores beside the similarities
+  // for 32-row query blocks (a rerank's query: the decode is most of a tile's work there, and
+  // the 8 accumulator registers more fit), else in float32 by the decoding threads (the larger
+  // blocks' MMA loops sit at their register caps, and their warps share columns, so each would
+  // repeat the norms).
+  static constexpr bool kNormOnTensorCores = BM == 32;
 
   unsigned char* tiles;
   const float* doc_scales;  // compressed: one per document row
   ResidualRef res;          // residual: the codec
   int res_bytes;            // residual: packed bytes per row (dim * nbits / 8)
+  bool res_weights_in_t;    // residual: every bucket weight is a value of T (16-bit adds)
   int64_t dim;
   int gran;  // native: elements per cp.async piece (copy_granularity); compressed: bytes (copy_piece_bytes)
   int lane, wm, wn;
@@ -211,18 +221,20 @@ struct MmaMainloop {
     wn = warp / WM;
   }
 
-  // Residual documents: the codec, and the bucket weights into shared memory (read after the
-  // main loop's first barrier).
+  // Residual documents: the codec, and the pair tables into shared memory (read after the main
+  // loop's first barrier).
   __device__ __forceinline__ void bind_residual(const ResidualRef& r, const void* docs) {
     res = r;
     res_bytes = int(dim * r.nbits / 8);
     gran = copy_piece_bytes(res_bytes, reinterpret_cast<uintptr_t>(docs));
-    float* w = reinterpret_cast<float*>(tiles + kStages * stage_bytes());
-    if (threadIdx.x < (1 << r.nbits)) {
-      const int i = threadIdx.x;
-      w[i] = r.weights_dtype == 1   ? __half2float(static_cast<const __half*>(r.weights)[i])
-             : r.weights_dtype == 2 ? __bfloat162float(static_cast<const __nv_bfloat16*>(r.weights)[i])
-                                    : static_cast<const float*>(r.weights)[i];
+    res_weights_in_t = residual_weights_in<T>(r);
+    unsigned char* tables = tiles + kStages * stage_bytes();
+    for (int e = threadIdx.x; e < (1 << (2 * r.nbits)); e += kThreads) {
+      float w0, w1;
+      residual_pair_weights(r, uint32_t(e), w0, w1);
+      const T t[2] = {float_to_half<T>(w0), float_to_half<T>(w1)};
+      *reinterpret_cast<uint32_t*>(tables + kPairTableT + 4 * e) = *reinterpret_cast<const uint32_t*>(t);
+      *reinterpret_cast<float2*>(tables + kPairTableF + 8 * e) = make_float2(w0, w1);
     }
   }
 
@@ -258,51 +270,93 @@ struct MmaMainloop {
       } else {
         cp_async_16(dst, cents + (ok ? code[it] : 0) * dim + k0);
       }
-      if (ch == 0) {
-        const uint32_t flag = base + uint32_t(kTileBytes + BN * (4 + kResidualRowBytes) + 4 * r);
-        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(flag), "r"(ok && r < rows ? 1u : 0u));
+      if (ch == 0) {  // the row's scale: NaN for a code out of range (the bad-id rule)
+        const float scale = r >= rows ? 0.f : (ok ? 1.f : __int_as_float(0x7fc00000));
+        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(base + uint32_t(kTileBytes + 4 * r)), "f"(scale));
       }
     }
     load_rows<1, BN, kResidualRowBytes, kThreads, NoSwizzle>(base + uint32_t(kTileBytes + BN * 4), docs, row0,
                                                              rows, 0, res_bytes, gran);
   }
 
-  // The tile's rows [0, rows): bucket weights added in place, each row's scale written. A
-  // row is decoded by kThreads / BN threads (at least one), reduced by shuffles.
+  // The tile's rows [0, rows): bucket weights added in place. A row is decoded by
+  // kThreads / BN threads (at least one), each taking every TPR-th 8-dimension chunk.
   __device__ __forceinline__ void decode_residual(int stage, int rows) const {
-    constexpr int TPR = kThreads >= BN ? kThreads / BN : 1, RP = kThreads / TPR;
-    static_assert(32 % TPR == 0, "a row's threads share a warp");
+    if (res_weights_in_t) {
+      decode_residual_as<true>(stage, rows);
+    } else {
+      decode_residual_as<false>(stage, rows);
+    }
+  }
+  template <bool kWeightsInT>
+  __device__ __forceinline__ void decode_residual_as(int stage, int rows) const {
+    constexpr int TPR = kThreads >= BN ? kThreads / BN : 1, RP = kThreads / TPR, CPT = (KD / 8 + TPR - 1) / TPR;
+    static_assert(kNormOnTensorCores || 32 % TPR == 0, "a row's threads share a warp");
     const uint32_t base = stage_addr(stage);
-    const uint32_t scales = base + uint32_t(kTileBytes), bytes = scales + uint32_t(BN * 4);
-    const uint32_t flags = bytes + uint32_t(BN * kResidualRowBytes);
-    const float* w = reinterpret_cast<const float*>(tiles + kStages * stage_bytes());
+    const uint32_t bytes = base + uint32_t(kTileBytes + BN * 4);
+    const uint32_t tables = smem_addr(tiles + kStages * stage_bytes());
+    const uint32_t table_t = tables + kPairTableT, table_f = tables + kPairTableF;
     const int nbits = res.nbits, nch = int(dim / 8);
+    const uint32_t emask = (1u << (2 * nbits)) - 1u;
     const int part = threadIdx.x % TPR;
 #pragma unroll 1
-    for (int r0 = 0; r0 < BN; r0 += RP) {
+    for (int r0 = 0; r0 < (kNormOnTensorCores ? rows : BN); r0 += RP) {
       const int r = r0 + threadIdx.x / TPR;
       float ss = 0.f;
-      if (r < rows) {
-        for (int ch = part; ch < nch; ch += TPR) {
+#pragma unroll
+      for (int i = 0; i < CPT; ++i) {
+        const int ch = part + i * TPR;
+        if (ch < nch && r < rows) {
           const uint32_t addr = swizzled<T, KD>(base, r, ch);
           uint4 v = ld_shared_v4(addr);
           // the chunk's nbits bytes, first byte on top: from the aligned word holding them
           // (rows are 16-byte aligned, a chunk's bytes never cross a word)
           const uint32_t src = bytes + uint32_t(r * kResidualRowBytes + ch * nbits);
           const uint32_t bits = __byte_perm(ld_shared_u32(src & ~3u), 0u, 0x0123u) << (8u * (src & 3u));
-          ss += decode_residual_chunk<T>(v, bits, nbits, w);
+          v.x = residual_add_pair<T, kWeightsInT>(v.x, table_t, table_f, (bits >> (32 - 2 * nbits)) & emask);
+          v.y = residual_add_pair<T, kWeightsInT>(v.y, table_t, table_f, (bits >> (32 - 4 * nbits)) & emask);
+          v.z = residual_add_pair<T, kWeightsInT>(v.z, table_t, table_f, (bits >> (32 - 6 * nbits)) & emask);
+          v.w = residual_add_pair<T, kWeightsInT>(v.w, table_t, table_f, (bits >> (32 - 8 * nbits)) & emask);
           st_shared_v4(addr, v);
+          if constexpr (!kNormOnTensorCores) ss += sum_squares<T>(v);
         }
       }
+      if constexpr (!kNormOnTensorCores) {
 #pragma unroll
-      for (int o = TPR / 2; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      if (part == 0) {
-        float scale = 0.f;
-        if (r < rows) {
-          const bool ok = ld_shared_u32(flags + 4u * uint32_t(r)) != 0u;
-          scale = !ok ? __int_as_float(0x7fc00000) : (res.normalize ? 1.f / fmaxf(sqrtf(ss), 1e-12f) : 1.f);
+        for (int o = TPR / 2; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (part == 0 && r < rows && res.normalize) {  // the producer left 1 or NaN there
+          const uint32_t at = base + uint32_t(kTileBytes + 4 * r);
+          float f;
+          asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(f) : "r"(at));
+          f *= 1.f / fmaxf(sqrtf(ss), 1e-12f);
+          asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(at), "f"(f));
         }
-        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(scales + 4u * uint32_t(r)), "f"(scale));
+      }
+    }
+  }
+
+  // Residual tiles: the factors of the columns of n8 tiles 2 np and 2 np + 1, the row scale (1
+  // or NaN) times 1 / max(||t||, 1e-12) when the codec normalises, from the squared norms the
+  // tensor cores left on the diagonals (norm[h]: the warp's rows 16 np + [0, 16) times rows
+  // 16 np + 8 h + [0, 8); the entry of row 8 h + n sits in lane 4 n + n / 2, element 2 h + n % 2),
+  // shuffled to the lanes that hold the column.
+  __device__ __forceinline__ void residual_factors(float (&acc)[MT][NT][4], const float (&norm)[2][4], int np,
+                                                   int stage) const {
+    const int g = lane / 4, t4 = lane % 4;
+    const uint32_t scales = stage_addr(stage) + uint32_t(kTileBytes);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = wn * NTW + np * 16 + 8 * h + g;  // the diagonal is valid where t4 == g / 2
+      float f;
+      asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(f) : "r"(scales + 4u * uint32_t(row)));
+      if (res.normalize) f *= 1.f / fmaxf(sqrtf(norm[h][2 * h + (g & 1)]), 1e-12f);
+      const float f0 = __shfl_sync(0xffffffffu, f, 9 * t4), f1 = __shfl_sync(0xffffffffu, f, 9 * t4 + 4);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        acc[mt][2 * np + h][0] *= f0;
+        acc[mt][2 * np + h][1] *= f1;
+        acc[mt][2 * np + h][2] *= f0;
+        acc[mt][2 * np + h][3] *= f1;
       }
     }
   }
@@ -415,21 +469,55 @@ struct MmaMainloop {
     if constexpr (kResidual) {
       decode_residual(stage, cols_valid);
       __syncthreads();  // every row decoded before any warp reads the tile
-    }
-    if constexpr (kCompressed) {
+      if constexpr (kNormOnTensorCores) {
+        compute_residual(acc, stage);
+      } else {
+        compute_native(acc, stage);
+        scale_columns<F>(acc, stage_addr(stage) + uint32_t(kTileBytes), wn * NTW + 2 * (lane % 4));
+      }
+    } else if constexpr (kCompressed) {
       compute_compressed(acc, stage);
     } else {
-      const auto bf = b_fragment<T, KD>(stage_addr(stage), wn * NTW, lane);
-      // All KS k-steps run (columns past dim are zeros in both operands): no branch in the
-      // unrolled loop, so ldmatrix of step ks+1 can overlap the mma of step ks.
-#pragma unroll
-      for (int ks = 0; ks < KS; ++ks) {
-        const auto a = [&](int mt) -> const uint32_t(&)[4] { return qa[mt][ks]; };
-        mma_kstep<T, KD>(acc, a, bf, ks);
-      }
-      if constexpr (kResidual) scale_columns<F>(acc, stage_addr(stage) + uint32_t(kTileBytes), wn * NTW + 2 * (lane % 4));
+      compute_native(acc, stage);
     }
     row_max.fold(acc, lane, wn, cols_valid, col_base, with_index);
+  }
+
+  // A 16-bit tile (native, or decoded residuals).
+  __device__ __forceinline__ void compute_native(float (&acc)[MT][NT][4], int stage) const {
+    const auto bf = b_fragment<T, KD>(stage_addr(stage), wn * NTW, lane);
+    // All KS k-steps run (columns past dim are zeros in both operands): no branch in the
+    // unrolled loop, so ldmatrix of step ks+1 can overlap the mma of step ks.
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+      const auto a = [&](int mt) -> const uint32_t(&)[4] { return qa[mt][ks]; };
+      mma_kstep<T, KD>(acc, a, bf, ks);
+    }
+  }
+
+  // A decoded residual tile: the similarities, and beside them each 16-row block of the warp's
+  // columns times itself (the B fragments of its two n8 tiles are that block's A fragment), whose
+  // diagonal holds the rows' squared norms. One 16-column block at a time keeps 8 norm registers.
+  __device__ __forceinline__ void compute_residual(float (&acc)[MT][NT][4], int stage) const {
+    const auto bf = b_fragment<T, KD>(stage_addr(stage), wn * NTW, lane);
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      float norm[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) {
+        uint32_t b0, b1, b2, b3;
+        ldmatrix_x4(bf.at(ks, np * 16), b0, b1, b2, b3);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          Mma16816<T>::run(acc[mt][2 * np], qa[mt][ks], b0, b1);
+          Mma16816<T>::run(acc[mt][2 * np + 1], qa[mt][ks], b2, b3);
+        }
+        const uint32_t self[4] = {b0, b2, b1, b3};
+        Mma16816<T>::run(norm[0], self, b0, b1);
+        Mma16816<T>::run(norm[1], self, b2, b3);
+      }
+      residual_factors(acc, norm, np, stage);
+    }
   }
 
   __device__ __forceinline__ void compute_compressed(float (&acc)[MT][NT][4], int stage) {

@@ -2,9 +2,10 @@
 bench_compressed.py times them), for kernel changes that no knob switches. Each tree's CUDA
 build is loaded under its own op namespace; every call is made through its public API.
 
-  python3 tools/device/ab_trees.py --base .base [--rounds 3]
+  python3 tools/device/ab_trees.py --base .base [--group residual] [--rounds 3]
 
-The calls are the shapes a change reaches, named in CALLS below; add to them as needed.
+The calls are the shapes a change reaches, named in GROUPS below (one group per change
+measured this way); add to them as needed.
 """
 from __future__ import annotations
 
@@ -32,12 +33,21 @@ def padded(ms, B, C, Lq, Ld, D, qdtype, fmt):
     if fmt == "plain":
         d = d.to(qdtype)
         return lambda: ms.score_candidates_padded(q, d, ql, dl)
+    if fmt.startswith("residual"):  # residual<nbits>[-<weights dtype>][-raw]: 4,096 centroids
+        nbits, wdtype = int(fmt[8]), torch.float16 if "-f16w" in fmt else torch.float32
+        centroids = torch.nn.functional.normalize(torch.randn(4096, D, device="cuda", generator=gen), dim=-1)
+        weights = (torch.randn(1 << nbits, device="cuda", generator=gen) * 0.05).sort().values.to(wdtype)
+        codec = ms.ResidualCodec(centroids.to(qdtype), weights, nbits, normalize="-raw" not in fmt)
+        codes = torch.randint(0, 4096, (B, C, Ld), device="cuda", generator=gen, dtype=torch.int32)
+        res = torch.randint(0, 256, (B, C, Ld, D * nbits // 8), device="cuda", generator=gen,
+                            dtype=torch.int32).to(torch.uint8)
+        return lambda: ms.score_candidates_padded(q, res, ql, dl, document_codes=codes, residual_codec=codec)
     v, s = ms.quantize_documents(d, fmt)
     return lambda: ms.score_candidates_padded(q, v, ql, dl, document_scales=s)
 
 
 # name, env, (B, C, Lq, Ld, D), query dtype, document format
-CALLS = [
+SPILLS_2026_11_26 = [
     # SimtMainloop (FFMA): float32 queries, float32 and int8 documents
     ("HeavyRerank fp32 (FFMA)", {}, (32, 100, 32, 256, 128), torch.float32, "plain"),
     ("HeavyRerank fp32 + int8 (FFMA)", {}, (32, 100, 32, 256, 128), torch.float32, "int8"),
@@ -51,10 +61,31 @@ CALLS = [
      (32, 100, 32, 256, 128), torch.float16, "float8_e4m3fn"),
 ]
 
+# The residual decode by weight pairs, norms on the tensor cores at 32-row query blocks
+# (2026-11-26): float32 weights take the float32 adds, float16 ones (colbert-ai's GPU codec)
+# the 16-bit adds; "-raw" codecs do not normalise (then the scores must stay bit for bit).
+RESIDUAL_PAIRS = [
+    ("1 x 1000 x 300, 2 bits, f32 weights", {}, (1, 1000, 32, 300, 128), torch.float16, "residual2"),
+    ("1 x 1000 x 300, 2 bits, f16 weights", {}, (1, 1000, 32, 300, 128), torch.float16, "residual2-f16w"),
+    ("1 x 1000 x 300, 1 bit, f16 weights", {}, (1, 1000, 32, 300, 128), torch.float16, "residual1-f16w"),
+    ("1 x 1000 x 300, 4 bits, f16 weights", {}, (1, 1000, 32, 300, 128), torch.float16, "residual4-f16w"),
+    ("1 x 1000 x 300, 2 bits, f16 weights, raw", {}, (1, 1000, 32, 300, 128), torch.float16,
+     "residual2-f16w-raw"),
+    ("HeavyRerank, 2 bits, f16 weights", {}, (32, 100, 32, 256, 128), torch.float16, "residual2-f16w"),
+    ("ColPaliRerank, 2 bits, f16 weights", {}, (16, 64, 32, 1030, 128), torch.float16, "residual2-f16w"),
+    ("HeavyRerank, 2 bits, f32 weights, bf16", {}, (32, 100, 32, 256, 128), torch.bfloat16, "residual2"),
+    ("Lq 48 (BM 64, norms while decoding), 2 bits, f16 weights", {}, (32, 100, 48, 256, 128), torch.float16,
+     "residual2-f16w"),
+    ("Lq 96 (BM 128), 2 bits, f32 weights", {}, (16, 50, 96, 256, 128), torch.float16, "residual2"),
+]
+
+GROUPS = {"spills": SPILLS_2026_11_26, "residual": RESIDUAL_PAIRS}
+
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", type=Path, required=True)
+    ap.add_argument("--group", choices=sorted(GROUPS), default="residual")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -64,7 +95,7 @@ def main():
              "candidate": kernels.get_local_kernel(ROOT, backend="cuda")}
     torch.set_float32_matmul_precision("highest")
     rows = []
-    for name, env, (B, C, Lq, Ld, D), qdtype, fmt in CALLS:
+    for name, env, (B, C, Lq, Ld, D), qdtype, fmt in GROUPS[args.group]:
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:

@@ -5,7 +5,8 @@ against every document, so only the one-query row is their call).
 
 Timing as tools/device/bench_compressed.py: 20 calls captured in a CUDA graph, median of 7
 replays. Bytes: codes (int32) + packed residuals + queries; the centroids (a few hundred KB
-here) come from L2. Note: late-interaction-kernels reads the bucket ids in another bit order
+here) come from L2. The bucket weights are float32 (the kernels' float32 adds) and, in the
+`_f16w` columns, float16 (16-bit adds: colbert-ai's GPU codec keeps them so). Note: late-interaction-kernels reads the bucket ids in another bit order
 than colbert-ai writes them (its docstring: little-endian within the byte), so its scores of
 these bytes differ; only its time is comparable.
 
@@ -74,6 +75,10 @@ def main():
             nbytes = codes.numel() * 4 + res.numel() + q.numel() * 2
             row[f"residual{nbits}_ms"] = t
             row[f"residual{nbits}_TBps"] = nbytes / t / 1e9
+            # float16 weights (colbert-ai's GPU codec keeps them so): the kernels' 16-bit adds
+            codec16 = ms.ResidualCodec(centroids.half(), weights.half(), nbits)
+            row[f"residual{nbits}_f16w_ms"] = graph_time_ms(
+                lambda: ms.score_candidates_padded(q, res, ql, dl, document_codes=codes, residual_codec=codec16))
             # packed: the same tokens, flat
             offs = torch.arange(0, B * C + 1, device="cuda", dtype=torch.int64) * Ld
             qo = torch.arange(0, B + 1, device="cuda", dtype=torch.int64) * Lq
