@@ -180,8 +180,7 @@ def test_decoded_values_exact(device, nbits, query_dtype, weights, padded_lq, rn
     """Every decoded value, bit for bit: query b is the one-hot e_b and each candidate one token,
     so score[b, c] = t_cb (one exact product). Weights that are values of the queries' dtype take
     the CUDA kernel's 16-bit adds, others its float32 route; padded_lq picks its 32, 64 and
-    128-row query blocks (the first sums the norms on the tensor cores, the others while
-    decoding), whose normalised scores are t_cb / ||t_c|| to float32 rounding."""
+    128-row query blocks. Normalised, the scores are t_cb / ||t_c|| to float32 rounding."""
     ms, dev = residual_backends(device)
     D, tokens, n_cent = 64, 150, 40
     centroids = (torch.randn(n_cent, D, generator=rng) * 0.3).to(query_dtype)

@@ -163,18 +163,15 @@ struct Pair16<__nv_bfloat16> {
   }
 };
 
-// The sum of the squares of eight 16-bit values (a decoded chunk), in float32.
+// Adds the squares of a decoded chunk's four pairs to four running float32 sums.
 template <class T>
-__device__ __forceinline__ float sum_squares(const uint4& v) {
+__device__ __forceinline__ void add_squares(float (&ss)[4], const uint4& v) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-  float ss = 0.f;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const float2 f = Pair16<T>::unpack(w[i]);
-    ss = fmaf(f.x, f.x, ss);
-    ss = fmaf(f.y, f.y, ss);
+    ss[i] = fmaf(f.y, f.y, fmaf(f.x, f.x, ss[i]));
   }
-  return ss;
 }
 
 // One centroid pair (16-bit, in place) plus its weights: t = round_T(c + w) per element, by a

@@ -152,10 +152,9 @@ __device__ __forceinline__ void mma_kstep(float (&acc)[MT][NT][4], const AFrag& 
 //
 // Residual documents (F = kResidual) are decoded rather than widened: the producer gathers each
 // row's centroid into the 16-bit tile by its code and copies the row's packed bucket ids beside
-// it; before the MMAs the CTA adds the bucket weights in place, a pair of dimensions at a time
-// (decode_residual), and the tile is then read as a 16-bit one. Each row's squared norm comes
-// from the tensor cores beside the similarities (the tile's rows times themselves, the diagonal
-// kept), so the decode does no float work for it.
+// it; before the MMAs the CTA adds the bucket weights in place, a pair of dimensions at a time,
+// sums each row's squares into its scale (decode_residual), and the tile is then read as a
+// 16-bit one, the scales applied as for compressed tiles.
 template <class T, int KD_, int BM_, int BN_, int WM, int WN, int STAGES_, int MIN_BLOCKS_ = 1,
           DocFormat F = DocFormat::kNative>
 struct MmaMainloop {
@@ -187,12 +186,6 @@ struct MmaMainloop {
     return kCompressed ? size_t(BN) * KD + size_t(BN) * sizeof(float) : size_t(BN) * KD * sizeof(T);
   }
   static constexpr size_t smem_bytes() { return kStages * stage_bytes() + (kResidual ? kPairTableBytes : 0); }
-  // Where a residual row's squared norm is summed: on the tensor cores beside the similarities
-  // for 32-row query blocks (a rerank's query: the decode is most of a tile's work there, and
-  // the 8 accumulator registers more fit), else in float32 by the decoding threads (the larger
-  // blocks' MMA loops sit at their register caps, and their warps share columns, so each would
-  // repeat the norms).
-  static constexpr bool kNormOnTensorCores = BM == 32;
 
   unsigned char* tiles;
   const float* doc_scales;  // compressed: one per document row
@@ -291,7 +284,7 @@ struct MmaMainloop {
   template <bool kWeightsInT>
   __device__ __forceinline__ void decode_residual_as(int stage, int rows) const {
     constexpr int TPR = kThreads >= BN ? kThreads / BN : 1, RP = kThreads / TPR, CPT = (KD / 8 + TPR - 1) / TPR;
-    static_assert(kNormOnTensorCores || 32 % TPR == 0, "a row's threads share a warp");
+    static_assert(32 % TPR == 0, "a row's threads share a warp");
     const uint32_t base = stage_addr(stage);
     const uint32_t bytes = base + uint32_t(kTileBytes + BN * 4);
     const uint32_t tables = smem_addr(tiles + kStages * stage_bytes());
@@ -300,9 +293,9 @@ struct MmaMainloop {
     const uint32_t emask = (1u << (2 * nbits)) - 1u;
     const int part = threadIdx.x % TPR;
 #pragma unroll 1
-    for (int r0 = 0; r0 < (kNormOnTensorCores ? rows : BN); r0 += RP) {
+    for (int r0 = 0; r0 < BN; r0 += RP) {
       const int r = r0 + threadIdx.x / TPR;
-      float ss = 0.f;
+      float ss[4] = {0.f, 0.f, 0.f, 0.f};  // one sum per pair of the chunk: four short chains
 #pragma unroll
       for (int i = 0; i < CPT; ++i) {
         const int ch = part + i * TPR;
@@ -318,45 +311,18 @@ struct MmaMainloop {
           v.z = residual_add_pair<T, kWeightsInT>(v.z, table_t, table_f, (bits >> (32 - 6 * nbits)) & emask);
           v.w = residual_add_pair<T, kWeightsInT>(v.w, table_t, table_f, (bits >> (32 - 8 * nbits)) & emask);
           st_shared_v4(addr, v);
-          if constexpr (!kNormOnTensorCores) ss += sum_squares<T>(v);
+          add_squares<T>(ss, v);
         }
       }
-      if constexpr (!kNormOnTensorCores) {
+      float sum = (ss[0] + ss[1]) + (ss[2] + ss[3]);
 #pragma unroll
-        for (int o = TPR / 2; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        if (part == 0 && r < rows && res.normalize) {  // the producer left 1 or NaN there
-          const uint32_t at = base + uint32_t(kTileBytes + 4 * r);
-          float f;
-          asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(f) : "r"(at));
-          f *= 1.f / fmaxf(sqrtf(ss), 1e-12f);
-          asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(at), "f"(f));
-        }
-      }
-    }
-  }
-
-  // Residual tiles: the factors of the columns of n8 tiles 2 np and 2 np + 1, the row scale (1
-  // or NaN) times 1 / max(||t||, 1e-12) when the codec normalises, from the squared norms the
-  // tensor cores left on the diagonals (norm[h]: the warp's rows 16 np + [0, 16) times rows
-  // 16 np + 8 h + [0, 8); the entry of row 8 h + n sits in lane 4 n + n / 2, element 2 h + n % 2),
-  // shuffled to the lanes that hold the column.
-  __device__ __forceinline__ void residual_factors(float (&acc)[MT][NT][4], const float (&norm)[2][4], int np,
-                                                   int stage) const {
-    const int g = lane / 4, t4 = lane % 4;
-    const uint32_t scales = stage_addr(stage) + uint32_t(kTileBytes);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = wn * NTW + np * 16 + 8 * h + g;  // the diagonal is valid where t4 == g / 2
-      float f;
-      asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(f) : "r"(scales + 4u * uint32_t(row)));
-      if (res.normalize) f *= 1.f / fmaxf(sqrtf(norm[h][2 * h + (g & 1)]), 1e-12f);
-      const float f0 = __shfl_sync(0xffffffffu, f, 9 * t4), f1 = __shfl_sync(0xffffffffu, f, 9 * t4 + 4);
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        acc[mt][2 * np + h][0] *= f0;
-        acc[mt][2 * np + h][1] *= f1;
-        acc[mt][2 * np + h][2] *= f0;
-        acc[mt][2 * np + h][3] *= f1;
+      for (int o = TPR / 2; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      if (part == 0 && r < rows && res.normalize) {  // the producer left 1 or NaN there
+        const uint32_t at = base + uint32_t(kTileBytes + 4 * r);
+        float f;
+        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(f) : "r"(at));
+        f *= 1.f / fmaxf(sqrtf(sum), 1e-12f);
+        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(at), "f"(f));
       }
     }
   }
@@ -469,12 +435,8 @@ struct MmaMainloop {
     if constexpr (kResidual) {
       decode_residual(stage, cols_valid);
       __syncthreads();  // every row decoded before any warp reads the tile
-      if constexpr (kNormOnTensorCores) {
-        compute_residual(acc, stage);
-      } else {
-        compute_native(acc, stage);
-        scale_columns<F>(acc, stage_addr(stage) + uint32_t(kTileBytes), wn * NTW + 2 * (lane % 4));
-      }
+      compute_native(acc, stage);
+      scale_columns<F>(acc, stage_addr(stage) + uint32_t(kTileBytes), wn * NTW + 2 * (lane % 4));
     } else if constexpr (kCompressed) {
       compute_compressed(acc, stage);
     } else {
@@ -492,31 +454,6 @@ struct MmaMainloop {
     for (int ks = 0; ks < KS; ++ks) {
       const auto a = [&](int mt) -> const uint32_t(&)[4] { return qa[mt][ks]; };
       mma_kstep<T, KD>(acc, a, bf, ks);
-    }
-  }
-
-  // A decoded residual tile: the similarities, and beside them each 16-row block of the warp's
-  // columns times itself (the B fragments of its two n8 tiles are that block's A fragment), whose
-  // diagonal holds the rows' squared norms. One 16-column block at a time keeps 8 norm registers.
-  __device__ __forceinline__ void compute_residual(float (&acc)[MT][NT][4], int stage) const {
-    const auto bf = b_fragment<T, KD>(stage_addr(stage), wn * NTW, lane);
-#pragma unroll
-    for (int np = 0; np < NT / 2; ++np) {
-      float norm[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll
-      for (int ks = 0; ks < KS; ++ks) {
-        uint32_t b0, b1, b2, b3;
-        ldmatrix_x4(bf.at(ks, np * 16), b0, b1, b2, b3);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          Mma16816<T>::run(acc[mt][2 * np], qa[mt][ks], b0, b1);
-          Mma16816<T>::run(acc[mt][2 * np + 1], qa[mt][ks], b2, b3);
-        }
-        const uint32_t self[4] = {b0, b2, b1, b3};
-        Mma16816<T>::run(norm[0], self, b0, b1);
-        Mma16816<T>::run(norm[1], self, b2, b3);
-      }
-      residual_factors(acc, norm, np, stage);
     }
   }
 
