@@ -272,8 +272,11 @@ struct MmaMainloop {
                                                              rows, 0, res_bytes, gran);
   }
 
-  // The tile's rows [0, rows): bucket weights added in place. A row is decoded by
-  // kThreads / BN threads (at least one), each taking every TPR-th 8-dimension chunk.
+  // The tile's rows [0, rows): bucket weights added in place, each row's scale times
+  // 1 / max(||t||, 1e-12) when the codec normalises. A row is decoded by TPR = kThreads / BN
+  // threads (adjacent lanes); in each 8-chunk group part p takes chunks p * S + [0, S), S = 8 /
+  // TPR, so at every step the 8 lanes of a quarter-warp (S rows x TPR parts) touch 8 different
+  // bank groups of the swizzled tile.
   __device__ __forceinline__ void decode_residual(int stage, int rows) const {
     if (res_weights_in_t) {
       decode_residual_as<true>(stage, rows);
@@ -283,8 +286,8 @@ struct MmaMainloop {
   }
   template <bool kWeightsInT>
   __device__ __forceinline__ void decode_residual_as(int stage, int rows) const {
-    constexpr int TPR = kThreads >= BN ? kThreads / BN : 1, RP = kThreads / TPR, CPT = (KD / 8 + TPR - 1) / TPR;
-    static_assert(32 % TPR == 0, "a row's threads share a warp");
+    constexpr int TPR = kThreads >= BN ? kThreads / BN : 1, RP = kThreads / TPR, CPT = KD / 8 / TPR, S = 8 / TPR;
+    static_assert(TPR <= 8 && (KD / 8) % TPR == 0, "a row's threads share a warp and its chunk groups");
     const uint32_t base = stage_addr(stage);
     const uint32_t bytes = base + uint32_t(kTileBytes + BN * 4);
     const uint32_t tables = smem_addr(tiles + kStages * stage_bytes());
@@ -298,7 +301,7 @@ struct MmaMainloop {
       float ss[4] = {0.f, 0.f, 0.f, 0.f};  // one sum per pair of the chunk: four short chains
 #pragma unroll
       for (int i = 0; i < CPT; ++i) {
-        const int ch = part + i * TPR;
+        const int ch = (i / S) * 8 + part * S + i % S;
         if (ch < nch && r < rows) {
           const uint32_t addr = swizzled<T, KD>(base, r, ch);
           uint4 v = ld_shared_v4(addr);
@@ -311,7 +314,7 @@ struct MmaMainloop {
           v.z = residual_add_pair<T, kWeightsInT>(v.z, table_t, table_f, (bits >> (32 - 6 * nbits)) & emask);
           v.w = residual_add_pair<T, kWeightsInT>(v.w, table_t, table_f, (bits >> (32 - 8 * nbits)) & emask);
           st_shared_v4(addr, v);
-          add_squares<T>(ss, v);
+          if (res.normalize) add_squares<T>(ss, v);
         }
       }
       float sum = (ss[0] + ss[1]) + (ss[2] + ss[3]);
