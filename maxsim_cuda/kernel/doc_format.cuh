@@ -177,12 +177,11 @@ __device__ __forceinline__ void add_squares(float (&ss)[4], const uint4& v) {
 // One centroid pair (16-bit, in place) plus its weights: t = round_T(c + w) per element, by a
 // 16-bit add when the weights are values of T (residual_weights_in), else in float32.
 template <class T, bool kWeightsInT>
-__device__ __forceinline__ uint32_t residual_add_pair(uint32_t c, uint32_t table_t, uint32_t table_f,
-                                                      uint32_t entry) {
+__device__ __forceinline__ uint32_t residual_add_pair(uint32_t c, uint32_t entry_addr) {
   if constexpr (kWeightsInT) {
-    return Pair16<T>::add(c, ld_shared_u32(table_t + 4u * entry));
+    return Pair16<T>::add(c, ld_shared_u32(entry_addr));
   } else {
-    const float2 w = ld_shared_f2(table_f + 8u * entry);
+    const float2 w = ld_shared_f2(entry_addr);
     const float2 v = Pair16<T>::unpack(c);
     return Pair16<T>::pack(v.x + w.x, v.y + w.y);
   }

@@ -231,40 +231,48 @@ struct MmaMainloop {
     }
   }
 
-  __device__ __forceinline__ int64_t residual_code(int64_t row) const {
-    return res.codes_is64 ? __ldg(static_cast<const long long*>(res.codes) + row)
-                          : int64_t(__ldg(static_cast<const int*>(res.codes) + row));
-  }
-
   // Producer, residual: centroid rows by code into the swizzled 16-bit tile (a code out of
-  // range reads centroid 0 and flags the row), the packed bucket ids beside it. A thread keeps
-  // one chunk column and reads all its rows' codes before any copy, so the code loads of a
-  // tile overlap (one round trip a tile, not one a row).
+  // range reads centroid 0 and its row's scale is NaN), the packed bucket ids beside it. A
+  // thread keeps one chunk column and reads all its rows' codes before any copy, so the code
+  // loads of a tile overlap (one round trip a tile, not one a row).
   __device__ __forceinline__ void load_residual_tile(uint32_t base, const uint8_t* docs, int64_t row0,
                                                      int rows) const {
+    if (res.codes_is64) {
+      load_residual_tile_as<long long>(base, docs, row0, rows);
+    } else {
+      load_residual_tile_as<int>(base, docs, row0, rows);
+    }
+  }
+  template <class Code>
+  __device__ __forceinline__ void load_residual_tile_as(uint32_t base, const uint8_t* docs, int64_t row0,
+                                                        int rows) const {
     constexpr int CH = KD / 8, RSTEP = kThreads / CH, ITER = BN / RSTEP;
     static_assert(kThreads % CH == 0 && BN % RSTEP == 0, "a fixed chunk column per thread");
-    const T* cents = static_cast<const T*>(res.centroids);
     const int ch = threadIdx.x % CH, r0 = threadIdx.x / CH;
-    const int64_t k0 = int64_t(ch) * 8;
-    int64_t code[ITER];
+    const bool in_dim = ch * 8 < dim;
+    // dim <= 256 here, so a centroid's offset is one 32 x 32 -> 64-bit multiply
+    const T* cents = static_cast<const T*>(res.centroids) + ch * 8;
+    const uint32_t row_elems = uint32_t(dim);
+    const Code* codes = static_cast<const Code*>(res.codes) + row0 + r0;
+    uint32_t code[ITER];
+    bool ok[ITER];
 #pragma unroll
     for (int it = 0; it < ITER; ++it) {
-      const int r = r0 + it * RSTEP;
-      code[it] = r < rows ? residual_code(row0 + r) : 0;
+      const int64_t c = r0 + it * RSTEP < rows ? int64_t(__ldg(codes + it * RSTEP)) : int64_t(0);
+      ok[it] = uint64_t(c) < uint64_t(res.n_centroids);
+      code[it] = ok[it] ? uint32_t(c) : 0u;
     }
 #pragma unroll
     for (int it = 0; it < ITER; ++it) {
       const int r = r0 + it * RSTEP;
       const uint32_t dst = swizzled<T, KD>(base, r, ch);
-      const bool ok = code[it] >= 0 && code[it] < res.n_centroids;
-      if (r >= rows || k0 >= dim) {
+      if (r >= rows || !in_dim) {
         st_shared_zero16(dst);
       } else {
-        cp_async_16(dst, cents + (ok ? code[it] : 0) * dim + k0);
+        cp_async_16(dst, cents + uint64_t(code[it]) * row_elems);
       }
       if (ch == 0) {  // the row's scale: NaN for a code out of range (the bad-id rule)
-        const float scale = r >= rows ? 0.f : (ok ? 1.f : __int_as_float(0x7fc00000));
+        const float scale = r >= rows ? 0.f : (ok[it] ? 1.f : __int_as_float(0x7fc00000));
         asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(base + uint32_t(kTileBytes + 4 * r)), "f"(scale));
       }
     }
@@ -276,45 +284,62 @@ struct MmaMainloop {
   // 1 / max(||t||, 1e-12) when the codec normalises. A row is decoded by TPR = kThreads / BN
   // threads (adjacent lanes); in each 8-chunk group part p takes chunks p * S + [0, S), S = 8 /
   // TPR, so at every step the 8 lanes of a quarter-warp (S rows x TPR parts) touch 8 different
-  // bank groups of the swizzled tile.
+  // bank groups of the swizzled tile. nbits is a template parameter of the decode so that the
+  // bit fields' positions are immediates.
   __device__ __forceinline__ void decode_residual(int stage, int rows) const {
-    if (res_weights_in_t) {
-      decode_residual_as<true>(stage, rows);
-    } else {
-      decode_residual_as<false>(stage, rows);
+    const bool in_t = res_weights_in_t;
+    switch (res.nbits) {
+      case 1: return in_t ? decode_residual_as<1, true>(stage, rows) : decode_residual_as<1, false>(stage, rows);
+      case 2: return in_t ? decode_residual_as<2, true>(stage, rows) : decode_residual_as<2, false>(stage, rows);
+      default: return in_t ? decode_residual_as<4, true>(stage, rows) : decode_residual_as<4, false>(stage, rows);
     }
   }
-  template <bool kWeightsInT>
+  template <int NB, bool kWeightsInT>
   __device__ __forceinline__ void decode_residual_as(int stage, int rows) const {
-    constexpr int TPR = kThreads >= BN ? kThreads / BN : 1, RP = kThreads / TPR, CPT = KD / 8 / TPR, S = 8 / TPR;
+    constexpr int TPR = kThreads >= BN ? kThreads / BN : 1, RP = kThreads / TPR, S = 8 / TPR;
     static_assert(TPR <= 8 && (KD / 8) % TPR == 0, "a row's threads share a warp and its chunk groups");
+    // A part's bucket ids in one group: S chunks of NB bytes, in whole words when there are
+    // at least 4 bytes (then every field's position is an immediate), else inside one word.
+    constexpr int PART_BYTES = S * NB, WORDS = PART_BYTES >= 4 ? PART_BYTES / 4 : 1;
+    constexpr uint32_t kEntryBytes = kWeightsInT ? 4u : 8u;
     const uint32_t base = stage_addr(stage);
-    const uint32_t bytes = base + uint32_t(kTileBytes + BN * 4);
     const uint32_t tables = smem_addr(tiles + kStages * stage_bytes());
-    const uint32_t table_t = tables + kPairTableT, table_f = tables + kPairTableF;
-    const int nbits = res.nbits, nch = int(dim / 8);
-    const uint32_t emask = (1u << (2 * nbits)) - 1u;
+    const uint32_t table = tables + (kWeightsInT ? kPairTableT : kPairTableF);
+    const int nch = int(dim / 8);
     const int part = threadIdx.x % TPR;
 #pragma unroll 1
     for (int r0 = 0; r0 < BN; r0 += RP) {
       const int r = r0 + threadIdx.x / TPR;
+      const uint32_t row = base + uint32_t(r * KD) * uint32_t(sizeof(T));
+      const int x = (part * S) ^ (r & 7);  // the swizzled position of the part's chunk j is x ^ j
+      const uint32_t bsrc = base + uint32_t(kTileBytes + BN * 4 + r * kResidualRowBytes + part * PART_BYTES);
+      // bit offset of the part's first field within its (byte-reversed) word when it is not
+      // word-aligned (PART_BYTES < 4)
+      const int lead = PART_BYTES >= 4 ? 0 : 8 * int(bsrc & 3u);
       float ss[4] = {0.f, 0.f, 0.f, 0.f};  // one sum per pair of the chunk: four short chains
 #pragma unroll
-      for (int i = 0; i < CPT; ++i) {
-        const int ch = (i / S) * 8 + part * S + i % S;
-        if (ch < nch && r < rows) {
-          const uint32_t addr = swizzled<T, KD>(base, r, ch);
-          uint4 v = ld_shared_v4(addr);
-          // the chunk's nbits bytes, first byte on top: from the aligned word holding them
-          // (rows are 16-byte aligned, a chunk's bytes never cross a word)
-          const uint32_t src = bytes + uint32_t(r * kResidualRowBytes + ch * nbits);
-          const uint32_t bits = __byte_perm(ld_shared_u32(src & ~3u), 0u, 0x0123u) << (8u * (src & 3u));
-          v.x = residual_add_pair<T, kWeightsInT>(v.x, table_t, table_f, (bits >> (32 - 2 * nbits)) & emask);
-          v.y = residual_add_pair<T, kWeightsInT>(v.y, table_t, table_f, (bits >> (32 - 4 * nbits)) & emask);
-          v.z = residual_add_pair<T, kWeightsInT>(v.z, table_t, table_f, (bits >> (32 - 6 * nbits)) & emask);
-          v.w = residual_add_pair<T, kWeightsInT>(v.w, table_t, table_f, (bits >> (32 - 8 * nbits)) & emask);
-          st_shared_v4(addr, v);
-          if (res.normalize) add_squares<T>(ss, v);
+      for (int g = 0; g < KD / 64; ++g) {
+        uint32_t w[WORDS];
+#pragma unroll
+        for (int k = 0; k < WORDS; ++k)  // first byte on top: fields read from the left
+          w[k] = __byte_perm(ld_shared_u32((bsrc & ~3u) + uint32_t(g * 8 * NB + 4 * k)), 0u, 0x0123u);
+#pragma unroll
+        for (int j = 0; j < S; ++j) {
+          const int ch = g * 8 + part * S + j;
+          if (ch < nch && r < rows) {
+            const uint32_t addr = row + uint32_t((g * 8 + (x ^ j)) << 4);
+            uint4 v = ld_shared_v4(addr);
+            const uint32_t word = w[(j * NB) / 4];
+            const int top = 32 - 8 * ((j * NB) % 4) - lead;  // the chunk's first field starts below bit `top`
+            uint32_t* pair = &v.x;
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+              const uint32_t entry = (word >> (top - 2 * NB * (q + 1))) & ((1u << (2 * NB)) - 1u);
+              pair[q] = residual_add_pair<T, kWeightsInT>(pair[q], table + kEntryBytes * entry);
+            }
+            st_shared_v4(addr, v);
+            if (res.normalize) add_squares<T>(ss, v);
+          }
         }
       }
       float sum = (ss[0] + ss[1]) + (ss[2] + ss[3]);
