@@ -285,9 +285,7 @@ struct MmaMainloop {
   // threads (adjacent lanes); in each 8-chunk group part p takes chunks p * S + [0, S), S = 8 /
   // TPR, so at every step the 8 lanes of a quarter-warp (S rows x TPR parts) touch 8 different
   // bank groups of the swizzled tile. nbits is a template parameter of the decode so that the
-  // bit fields' positions are immediates. Where a warp decodes 16 whole rows (TPR 2), it then
-  // sums their squares on the tensor cores (residual_norms_mma); else each thread sums its
-  // chunks' squares in float32 and the row's threads add theirs by shuffles.
+  // bit fields' positions are immediates.
   __device__ __forceinline__ void decode_residual(int stage, int rows) const {
     const bool in_t = res_weights_in_t;
     switch (res.nbits) {
@@ -300,7 +298,6 @@ struct MmaMainloop {
   __device__ __forceinline__ void decode_residual_as(int stage, int rows) const {
     constexpr int TPR = kThreads >= BN ? kThreads / BN : 1, RP = kThreads / TPR, S = 8 / TPR;
     static_assert(TPR <= 8 && (KD / 8) % TPR == 0, "a row's threads share a warp and its chunk groups");
-    constexpr bool kNormsByMma = TPR == 2;
     // A part's bucket ids in one group: S chunks of NB bytes, in whole words when there are
     // at least 4 bytes (then every field's position is an immediate), else inside one word.
     constexpr int PART_BYTES = S * NB, WORDS = PART_BYTES >= 4 ? PART_BYTES / 4 : 1;
@@ -341,13 +338,9 @@ struct MmaMainloop {
               pair[q] = residual_add_pair<T, kWeightsInT>(pair[q], table + kEntryBytes * entry);
             }
             st_shared_v4(addr, v);
-            if (!kNormsByMma && res.normalize) add_squares<T>(ss, v);
+            if (res.normalize) add_squares<T>(ss, v);
           }
         }
-      }
-      if constexpr (kNormsByMma) {
-        if (res.normalize) residual_norms_mma(base, r0 + (threadIdx.x / 32) * 16, rows);
-        continue;
       }
       float sum = (ss[0] + ss[1]) + (ss[2] + ss[3]);
 #pragma unroll
@@ -358,40 +351,6 @@ struct MmaMainloop {
         asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(f) : "r"(at));
         f *= 1.f / fmaxf(sqrtf(sum), 1e-12f);
         asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(at), "f"(f));
-      }
-    }
-  }
-
-  // Rows [row0, row0 + 16) of a stage, decoded by this warp alone: each row's scale times
-  // 1 / max(||t||, 1e-12), the squared norms summed on the tensor cores. The rows' B fragments
-  // of a k-step, as ldmatrix gives them (rows 0-7 and 8-15, low and high k), are also the
-  // block's A fragment, so rows x rows^T takes two MMAs a k-step; row n's squared norm is the
-  // diagonal entry in lane 4 (n % 8) + (n % 8) / 2.
-  __device__ __forceinline__ void residual_norms_mma(uint32_t base, int row0, int rows) const {
-    __syncwarp();  // the warp's decoded rows are in shared memory
-    const auto bf = b_fragment<T, KD>(base, row0, lane);
-    float lo[4] = {0.f, 0.f, 0.f, 0.f}, hi[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
-      uint32_t b0, b1, b2, b3;
-      ldmatrix_x4(bf.at(ks, 0), b0, b1, b2, b3);
-      const uint32_t self[4] = {b0, b2, b1, b3};
-      Mma16816<T>::run(lo, self, b0, b1);
-      Mma16816<T>::run(hi, self, b2, b3);
-    }
-    const int g = lane / 4;
-    if (lane % 4 == g / 2) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = row0 + 8 * h + g;
-        if (r < rows) {  // the producer left 1 or NaN there
-          const float n2 = h ? hi[2 + (g & 1)] : lo[g & 1];
-          const uint32_t at = base + uint32_t(kTileBytes + 4 * r);
-          float f;
-          asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(f) : "r"(at));
-          f *= 1.f / fmaxf(sqrtf(n2), 1e-12f);
-          asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(at), "f"(f));
-        }
       }
     }
   }
