@@ -38,7 +38,7 @@ constexpr int kAbsent = -1, kBad = -2;
 
 template <class T>
 __device__ __forceinline__ float load_float(const void* p, int64_t i) {
-  return static_cast<float>(static_cast<const T*>(p)[i]);
+  return to_acc<float>(static_cast<const T*>(p)[i]);
 }
 
 // Block (query q, token chunk i0, centroids c0 .. c0 + 31); flattened into blockIdx.x so that

@@ -536,15 +536,13 @@ at::Tensor centroid_table(const at::Tensor& queries, const at::Tensor& centroids
   const int64_t nq = q.size(0), nc = c.size(0), lq = q.size(1);
   // [n_centroids, Nq * Lq] seen as [Nq, n_centroids, Lq]: one GEMM for every query
   const auto as_table = [&](const at::Tensor& t) { return t.view({nc, nq, lq}).permute({1, 0, 2}); };
-  const bool sixteen_bit = q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)  // mm's out_dtype
+  const bool sixteen_bit = q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
   if (sixteen_bit && c.scalar_type() == q.scalar_type()) {
     // 16-bit products are exact in float32 and cuBLAS accumulates in float32 for a float32
     // output, whatever the TF32 / reduced-precision settings (they concern other dtypes)
     return as_table(at::mm(c, q.reshape({nq * lq, q.size(2)}).t(), at::kFloat));
   }
-#else
-  (void)sixteen_bit;
 #endif
   at::Tensor table = at::empty({nc, nq * lq}, q.options().dtype(at::kFloat));
   CentroidTableParams p;
