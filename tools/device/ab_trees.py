@@ -61,9 +61,10 @@ SPILLS_2026_11_26 = [
      (32, 100, 32, 256, 128), torch.float16, "float8_e4m3fn"),
 ]
 
-# The residual decode by weight pairs, norms on the tensor cores at 32-row query blocks
-# (2026-11-26): float32 weights take the float32 adds, float16 ones (colbert-ai's GPU codec)
-# the 16-bit adds; "-raw" codecs do not normalise (then the scores must stay bit for bit).
+# The residual decode by weight pairs (2026-11-26, 05bd461..8f26fd1): float32 weights take the
+# float32 adds, float16 ones (colbert-ai's GPU codec) the 16-bit adds; "-raw" codecs do not
+# normalise (then the scores must stay bit for bit). Row names are kept as the stored results
+# (benchmarks/results/h200_ab_residual_*.json) name them.
 RESIDUAL_PAIRS = [
     ("1 x 1000 x 300, 2 bits, f32 weights", {}, (1, 1000, 32, 300, 128), torch.float16, "residual2"),
     ("1 x 1000 x 300, 2 bits, f16 weights", {}, (1, 1000, 32, 300, 128), torch.float16, "residual2-f16w"),

@@ -6,8 +6,8 @@ against every document, so only the one-query row is their call).
 Timing as tools/device/bench_compressed.py: 20 calls captured in a CUDA graph, median of 7
 replays. Bytes: codes (int32) + packed residuals + queries; the centroids (a few hundred KB
 here) come from L2. The bucket weights are float32 (the kernels' float32 adds) and, in the
-`_f16w` columns, float16 (16-bit adds: colbert-ai's GPU codec keeps them so). Note: late-interaction-kernels reads the bucket ids in another bit order
-than colbert-ai writes them (its docstring: little-endian within the byte), so its scores of
+`_f16w` columns, float16 (16-bit adds: colbert-ai's GPU codec keeps them so). Note:
+late-interaction-kernels reads the bucket ids in another bit order than colbert-ai writes them (its docstring: little-endian within the byte), so its scores of
 these bytes differ; only its time is comparable.
 
 Run on the device from the repository root after a CUDA build:
