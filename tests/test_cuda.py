@@ -112,6 +112,37 @@ def test_long_training_step(ms):
     assert_scores(scores, case, expected.cpu())
 
 
+def grad_documents_case(surface, gen, dtype, dim):
+    """Many entries per document row (in-batch training: sorted by the default rule) with
+    ragged, empty and one-row documents, short queries and more than one batch of entries."""
+    if surface == "padded":
+        return make_padded(gen, 6, 5, 40, 70, dim, dtype=dtype, device=CUDA)
+    if surface == "packed":
+        return make_packed(gen, torch.randint(0, 41, (30,), generator=gen).tolist(),
+                           [0, 1, 37, 120, 5, 64, 0, 90], dim, n_pairs=400, dtype=dtype, device=CUDA)
+    case = make_contrastive(gen, 90, 40, [0, 1, 37, 150, 5, 64, 129, 0, 90], dim, dtype=dtype, device=CUDA)
+    return as_padded_documents(case) if surface == "contrastive_padded" else case
+
+
+@pytest.mark.parametrize("dim", [128, 200, 36])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("surface", SURFACES)
+def test_grad_documents_kernels_agree(ms, monkeypatch, surface, dtype, dim):
+    """grad_documents by the scan and the sorted kernel (MAXSIM_CUDA_GRAD_D forces one): the
+    same bits (both add a row's contributions in entry order), and the float64 reference."""
+    gen = torch.Generator().manual_seed(dim * 31 + len(surface))
+    case = grad_documents_case(surface, gen, dtype, dim)
+    g = unit(gen, *case.score_shape).to(CUDA)
+    grads = {}
+    for kernel in ("scan", "sorted"):
+        monkeypatch.setenv("MAXSIM_CUDA_GRAD_D", kernel)
+        _, _, grads[kernel] = run_train(ms, case, g, need_q=False)
+    assert torch.equal(grads["scan"], grads["sorted"])
+    _, ed, _, bd = expected_grads(case, g, case.call(ms, "_with_argmax")[1])
+    assert_grads(grads["sorted"], ed, bd, dtype)
+    assert grads["sorted"].abs().sum() > 0
+
+
 @pytest.mark.parametrize("surface", SURFACES)
 def test_thousands_of_candidates(ms, surface):
     gen = torch.Generator().manual_seed(11)

@@ -1,17 +1,20 @@
 // Argmax-driven backward, destination-owned and deterministic (no floating-point atomics):
 // every gradient row has one owner that adds its contributions in a fixed order. The owners
-// are grad_queries (backward_queries.cuh) and grad_documents (backward_documents.cuh); this
-// file sizes and launches them. Entries with argmax < 0 or >= dlen, rows i >= qlen, and
-// pairs whose ids/offsets are out of range are skipped. Torch-free.
+// are grad_queries (backward_queries.cuh) and grad_documents (backward_documents.cuh and its
+// two kernels); this file sizes and launches them. Entries with argmax < 0 or >= dlen, rows
+// i >= qlen, and pairs whose ids/offsets are out of range are skipped. Torch-free.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "../launch.h"
 #include "backward_args.cuh"
-#include "backward_documents.cuh"
+#include "backward_documents_scan.cuh"
+#include "backward_documents_sorted.cuh"
 #include "backward_queries.cuh"
 
 namespace maxsim_cuda {
@@ -72,39 +75,89 @@ cudaError_t run_backward(const BackwardParams& p) {
   }
 }
 
+// Opts a kernel into more than 48 KB of dynamic shared memory, once per device.
+template <auto kKernel>
+cudaError_t allow_shared_memory(size_t bytes) {
+  static bool configured[64] = {false};
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess || configured[dev & 63] || bytes <= 48 * 1024) return err;
+  err = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (err == cudaSuccess) configured[dev & 63] = true;
+  return err;
+}
+
+// Which grad_documents kernel: MAXSIM_CUDA_GRAD_D=scan|sorted (read per call, so that one
+// process can time and test both), else sorted when a document has at least 8 entries per
+// row on average. H200, 2026-11-26: sorted 0.71-0.80x of scan's time on DocDoc (64 entries a
+// row), BigBatch (16), Contrastive (13), BigColBERT (91); 1.2-2x on LongDocs (2), ColPali
+// (1), padded and packed reranks (under 1), where scan's cheaper CTAs win.
+inline bool grad_documents_sorted(int64_t entries_per_doc, int64_t rows_per_doc) {
+  if (const char* e = std::getenv("MAXSIM_CUDA_GRAD_D")) {
+    if (std::strcmp(e, "scan") == 0) return false;
+    if (std::strcmp(e, "sorted") == 0) return true;
+  }
+  return entries_per_doc >= 8 * rows_per_doc;
+}
+
 template <class T, class Acc, int SURF>
 cudaError_t run_grad_documents(const BackwardParams& p, BwdArgs<T, Acc>& a) {
-  if (p.grad_documents != nullptr && a.nd > 0) {
-    // per document (padded layouts: exactly; segments: on average)
-    const int64_t rows = SURF == 0 || SURF == 3 ? a.Ld : a.d_rows / a.nd + 1;
+  if (p.grad_documents == nullptr || a.nd <= 0) return cudaSuccess;
+  if (a.nd > 0x7fffffff) return cudaErrorInvalidValue;
+  // per document (padded layouts: exactly; segments: on average)
+  const int64_t rows = SURF == 0 || SURF == 3 ? a.Ld : a.d_rows / a.nd + 1;
+  const int64_t entries = SURF == 0 ? a.Lq : (SURF == 2 ? a.pairs * a.W / a.nd : a.nq * a.Lq);
+  const int64_t sms = p.num_sms > 0 ? p.num_sms : 1;
+  const bool sorted = grad_documents_sorted(entries, rows);
+  int64_t windows = 1;
+  if (sorted) {
+    // R (a multiple of the 8 warps) by a cost model: every CTA reads all of its document's
+    // entries and applies its rows' hits (a full document's hits ~4 times its entries' cost),
+    // in waves of two CTAs an SM. H200: DocDoc 0.85 ms with R = 120 (9 windows of 1,024 rows,
+    // 576 CTAs: three waves) against 0.60 with R = 128 (512 CTAs: two), BigBatch 0.025 with R =
+    // 24 (two waves) against 0.0185 with 32 (one).
+    const int64_t avg_rows = (a.d_rows + a.nd - 1) / a.nd;
+    const int64_t doc_rows = SURF == 0 || SURF == 3 ? a.Ld : (avg_rows > 0 ? avg_rows : 1);
+    int64_t best = -1;
+    for (int r = sorted_rows<Acc>(); r >= 16; r -= kSortWarps) {
+      const int64_t n = (doc_rows + r - 1) / r;
+      const int64_t waves = (a.nd * n + 2 * sms - 1) / (2 * sms);
+      const int64_t cost = waves * (doc_rows + 4 * int64_t(r));
+      if (best < 0 || cost < best) {
+        best = cost;
+        a.rows_per_cta = r;
+        windows = n;
+      }
+    }
+  } else {
     // The largest R (least rescanning) that still gives about four CTAs per SM; small
     // batches fall back to 16-row owners. (BigBatch, 64 documents of 128 rows: R = 64 gave
     // 192 CTAs on 132 SMs, each applying a third of its document's hits.)
-    const int64_t want = 4 * int64_t(p.num_sms > 0 ? p.num_sms : 1);
-    a.rows_per_cta = a.nd * ((rows + kDRows - 1) / kDRows) >= want ? kDRows
-                     : a.nd * ((rows + 31) / 32) >= want        ? 32
-                                                                : 16;
-    int64_t ychunks = (rows + a.rows_per_cta - 1) / a.rows_per_cta;
-    if (SURF != 0 && ychunks > 256) ychunks = 256;
-    if (ychunks < 1) ychunks = 1;
-    if (ychunks > 65535) ychunks = 65535;
-    constexpr size_t smem = sizeof(GradDSmem<Acc>);
-    auto kern = grad_documents_kernel<SURF, T, Acc>;
-    static bool configured[64] = {false};
-    int dev = 0;
-    cudaError_t err = cudaGetDevice(&dev);
-    if (err != cudaSuccess) return err;
-    if (smem > 48 * 1024 && !configured[dev & 63]) {
-      err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-      if (err != cudaSuccess) return err;
-      configured[dev & 63] = true;
-    }
-    if (a.nd > 0x7fffffff) return cudaErrorInvalidValue;
-    dim3 grid(static_cast<unsigned>(a.nd), static_cast<unsigned>(ychunks));
-    kern<<<grid, kDThreads, smem, p.stream>>>(a);
-    return cudaGetLastError();
+    const int64_t want = 4 * sms;
+    a.rows_per_cta = a.nd * ((rows + kScanRows - 1) / kScanRows) >= want ? kScanRows
+                     : a.nd * ((rows + 31) / 32) >= want          ? 32
+                                                                  : 16;
+    windows = (rows + a.rows_per_cta - 1) / a.rows_per_cta;
   }
-  return cudaSuccess;
+  // (longer segments than the average: the CTAs of a document stride over its windows)
+  if (SURF != 0 && windows > 256) windows = 256;
+  if (windows < 1) windows = 1;
+  if (windows > 65535) windows = 65535;
+  const dim3 grid(static_cast<unsigned>(a.nd), static_cast<unsigned>(windows));
+  if (sorted) {
+    constexpr auto kern = grad_documents_sorted_kernel<SURF, T, Acc>;
+    constexpr size_t smem = sizeof(SortedSmem<SURF, T, Acc>);
+    cudaError_t err = allow_shared_memory<kern>(smem);
+    if (err != cudaSuccess) return err;
+    kern<<<grid, kSortThreads, smem, p.stream>>>(a);
+  } else {
+    constexpr auto kern = grad_documents_scan_kernel<SURF, T, Acc>;
+    constexpr size_t smem = sizeof(ScanSmem<Acc>);
+    cudaError_t err = allow_shared_memory<kern>(smem);
+    if (err != cudaSuccess) return err;
+    kern<<<grid, kScanThreads, smem, p.stream>>>(a);
+  }
+  return cudaGetLastError();
 }
 
 template <class T, DocFormat F>

@@ -22,7 +22,7 @@ struct BwdArgs {
   T* grad_d;
   int64_t dim, W, pairs, q_rows, d_rows;
   int64_t nq, nd, C, Lq, Ld;  // nq: B / Nq / Nq / Nq; nd: B*C / Nb / Nd / Nb
-  int rows_per_cta;           // R of grad_documents_kernel, <= kDRows
+  int rows_per_cta;           // R of the grad_documents kernels
   ResidualRef res;            // residual documents (d_bytes: their packed bucket ids)
   IndexView qlens, dlens, qoffs, doffs, pqids, pdids, pbq, qpo, pbd, dpo;
 };

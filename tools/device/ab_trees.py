@@ -5,7 +5,8 @@ build is loaded under its own op namespace; every call is made through its publi
   python3 tools/device/ab_trees.py --base .base [--group residual] [--rounds 3]
 
 The calls are the shapes a change reaches, named in GROUPS below (one group per change
-measured this way); add to them as needed.
+measured this way; each row a name, environment settings and a function from a loaded tree
+to the timed call); add to them as needed.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_compressed import graph_time_ms  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import workloads as W  # noqa: E402
 
 
 def padded(ms, B, C, Lq, Ld, D, qdtype, fmt):
@@ -80,7 +83,52 @@ RESIDUAL_PAIRS = [
     ("Lq 96 (BM 128), 2 bits, f32 weights", {}, (16, 50, 96, 256, 128), torch.float16, "residual2"),
 ]
 
-GROUPS = {"spills": SPILLS_2026_11_26, "residual": RESIDUAL_PAIRS}
+
+
+def grad_documents_raw(ms, name):
+    """grad_documents alone of a training workload (the raw contrastive backward op, the
+    argmax from the tree's own forward)."""
+    ops = ms._ops.ops
+    x = W.build_inputs(W.WORKLOADS[name], "cuda")
+    q, d, off, ql, g = x.queries, x.documents_packed, x.document_offsets, x.query_lengths, x.grad_weights
+    _, argmax = ops.contrastive_forward(q, d, off, ql, True)
+    return lambda: ops.contrastive_backward(g, q, d, off, ql, argmax, False, True)[1]
+
+
+def grad_documents_public(ms, name, layout):
+    """Forward + grad_documents through a `_train` entry point (queries without a gradient)."""
+    x = W.build_inputs(W.WORKLOADS[name], "cuda", layout=layout)
+    if x.workload.surface == "padded":
+        d = x.documents.detach().requires_grad_()
+        fn = lambda: ms.score_candidates_padded_train(x.queries, d, x.query_lengths, x.doc_lengths)  # noqa: E731
+    else:
+        d = x.documents_packed.detach().requires_grad_()
+        fn = lambda: ms.score_pairs_packed_train(  # noqa: E731
+            x.queries_packed, x.query_offsets, d, x.document_offsets, x.pair_query_ids, x.pair_document_ids,
+            max_q_len=x.shape["Lq"])
+    g = torch.randn(fn().shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1))
+    return lambda: torch.autograd.grad(fn(), d, g)[0]
+
+
+def padded_rows(rows):
+    """Rows of padded calls, (name, env, (B, C, Lq, Ld, D), query dtype, document format)."""
+    return [(name, env, lambda ms, s=shape, q=qdtype, f=fmt: padded(ms, *s, q, f))
+            for name, env, shape, qdtype, fmt in rows]
+
+
+# grad_documents' sorted kernel and its rule (2026-11-26): the training workloads' raw backward
+# op (the dense ones take the sorted kernel), and forward + grad_documents on the padded and
+# packed surfaces (the scan kernel, now reading entries through DocEntries).
+GRAD_DOCUMENTS = [
+    *((f"{n} grad_documents", {}, lambda ms, n=n: grad_documents_raw(ms, n))
+      for n in ("Contrastive", "LongDocs", "BigBatch", "ColPali", "BigColBERT", "DocDoc")),
+    *((f"{n} {lay} forward + grad_documents", {}, lambda ms, n=n, lay=lay: grad_documents_public(ms, n, lay))
+      for n, lay in (("Rerank", "ragged"), ("HeavyRerank", "full"), ("RerankPacked", "ragged"),
+                     ("ColPaliRerankPacked", "ragged"))),
+]
+
+GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESIDUAL_PAIRS),
+          "grad_documents": GRAD_DOCUMENTS}
 
 
 def main():
@@ -96,11 +144,11 @@ def main():
              "candidate": kernels.get_local_kernel(ROOT, backend="cuda")}
     torch.set_float32_matmul_precision("highest")
     rows = []
-    for name, env, (B, C, Lq, Ld, D), qdtype, fmt in GROUPS[args.group]:
+    for name, env, make in GROUPS[args.group]:
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:
-            calls = {t: padded(ms, B, C, Lq, Ld, D, qdtype, fmt) for t, ms in trees.items()}
+            calls = {t: make(ms) for t, ms in trees.items()}
             same = torch.equal(calls["base"](), calls["candidate"]())
             times = {t: [] for t in trees}
             for _ in range(args.rounds):

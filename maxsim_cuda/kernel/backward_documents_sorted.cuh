@@ -1,0 +1,255 @@
+// grad_documents for many entries a row (in-batch training; backward_documents.cuh says
+// which kernel takes a call). Rows [j0, j0 + R) of one document are owned by one CTA. It
+// reads the document's entries in batches, in entry order, and sorts each batch's hits by
+// the row they land on (a stable counting sort in shared memory: counts per (warp, row),
+// then each warp places its hits in entry order). Warp w owns a contiguous block of rows,
+// so its hits are one contiguous run of the sorted list: it streams that run with several
+// gathers in flight whatever rows they belong to, adding g_p * q_i into one register quad
+// per lane for the current row, loaded from and stored back to a float32 (float64 for
+// double) shared-memory accumulator when the row changes. A hit costs one broadcast read
+// of the list, one gather and the adds. Torch-free.
+#pragma once
+
+#include <cstdint>
+
+#include "backward_documents.cuh"
+
+namespace maxsim_cuda {
+namespace kernel {
+
+constexpr int kSortThreads = 256;
+constexpr int kSortWarps = kSortThreads / 32;
+
+// Document rows owned by one CTA pass at most (the host picks R <= sorted_rows<Acc>() per
+// launch). Each CTA reads all of its document's entries, so R trades that reading (small R,
+// many CTAs) against the rows one CTA applies (large R). 64 for float64, whose accumulator
+// then takes the 64 KB that float32's 128 rows take (sm_86 / sm_89 give a CTA 99 KB).
+template <class Acc>
+constexpr int sorted_rows() {
+  return sizeof(Acc) == 8 ? 64 : 128;
+}
+
+// Entries a lane evaluates per batch (they stay in registers between counting and
+// placing), and gathers a warp issues before their adds: fewer for 8-byte accumulators,
+// the packed surface's longer entry reads and wide elements, so that the same 128 registers
+// hold them (8 packed entries spilled 4-12 bytes).
+template <int SURF, class Acc>
+constexpr int sorted_per_lane() {
+  return sizeof(Acc) == 8 || SURF == 2 ? 4 : 8;
+}
+// Two CTAs an SM (93 KB of shared memory each; one on sm_86 / sm_89), one for float64.
+template <class Acc>
+constexpr int sorted_min_ctas() {
+  return sizeof(Acc) == 8 ? 1 : 2;
+}
+template <class T>
+constexpr int sorted_in_flight() {
+  return sizeof(T) <= 2 ? 8 : (sizeof(T) == 4 ? 4 : 2);
+}
+
+template <int SURF, class T, class Acc>
+struct SortedSmem {
+  static constexpr int kBatch = kSortThreads * sorted_per_lane<SURF, Acc>();
+  static constexpr int kRows = sorted_rows<Acc>();
+  Acc acc[kRows][kDChunk];  // the window's gradient rows, one 128-column chunk
+  int64_t hit_off[kBatch];  // the sorted hits: element offset of the query row (row * dim)
+  Acc hit_w[kBatch];        // and its weight g_p
+  int cursor[kSortWarps][kRows];  // hits per (warp, row), then where the warp places the next
+  int row_start[kRows + 1];       // the sorted list's row boundaries
+};
+
+// Sorts one batch of entries [base, base + kBatch) by window row into sm.hit_*, stably;
+// sm.row_start then bounds each row's hits. Warp w evaluates the contiguous range
+// [base + w * span, base + (w + 1) * span), lane l its entries base + w * span + 32 u + l.
+template <int SURF, class T, class Acc>
+__device__ __forceinline__ void sort_batch_hits(SortedSmem<SURF, T, Acc>& sm, const DocEntries<SURF, T, Acc>& de,
+                                                int64_t base, int64_t j0, int R, int t) {
+  constexpr int kPer = sorted_per_lane<SURF, Acc>();
+  const int lane = t % 32, warp = t / 32;
+  constexpr int kRows = SortedSmem<SURF, T, Acc>::kRows, kRowsPerLane = kRows / 32;
+  for (int c = t; c < kSortWarps * kRows; c += kSortThreads) (&sm.cursor[0][0])[c] = 0;
+
+  // Every entry's reads before any count, so that they are in flight together (with a count
+  // after each, ptxas issued one entry's reads at a time).
+  const int64_t k0 = base + int64_t(warp) * (32 * kPer) + lane;
+  EntryCursor cur{0, 0, 1, 0, 0};
+  if (SURF != 0) cur.seek(k0, de.L, 32);
+  int jl[kPer];
+  Acc w[kPer];
+  int64_t qoff[kPer];
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    w[u] = Acc(0);
+    qoff[u] = 0;
+    jl[u] = de.window_row(k0 + 32 * u, cur, j0, R, w[u], qoff[u]);
+    if (SURF != 0) cur.next();
+  }
+  __syncthreads();  // the cursors are zero
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    if (jl[u] >= 0) atomicAdd(&sm.cursor[warp][jl[u]], 1);  // a count: order-free
+  }
+  __syncthreads();
+
+  // Row totals, their exclusive prefix (the row boundaries), and each warp's first slot in
+  // every row (the warps' ranges are in entry order, so warp-major within a row is too).
+  if (t < kRows) {
+    int run = 0;
+#pragma unroll
+    for (int ww = 0; ww < kSortWarps; ++ww) {
+      const int c = sm.cursor[ww][t];
+      sm.cursor[ww][t] = run;
+      run += c;
+    }
+    sm.row_start[t + 1] = run;
+  }
+  __syncthreads();
+  if (warp == 0) {  // lane l: rows [kRowsPerLane l, kRowsPerLane (l + 1))
+    int tot[kRowsPerLane], sum = 0;
+#pragma unroll
+    for (int r = 0; r < kRowsPerLane; ++r) {
+      tot[r] = sm.row_start[kRowsPerLane * lane + r + 1];
+      sum += tot[r];
+    }
+    int incl = sum;
+#pragma unroll
+    for (int o = 1; o < 32; o *= 2) {
+      const int y = __shfl_up_sync(0xffffffffu, incl, o);
+      incl += lane >= o ? y : 0;
+    }
+    int run = incl - sum;
+#pragma unroll
+    for (int r = 0; r < kRowsPerLane; ++r) {
+      run += tot[r];
+      sm.row_start[kRowsPerLane * lane + r + 1] = run;
+    }
+    if (lane == 0) sm.row_start[0] = 0;
+  }
+  __syncthreads();
+  if (t < kRows) {
+    const int s = sm.row_start[t];
+#pragma unroll
+    for (int ww = 0; ww < kSortWarps; ++ww) sm.cursor[ww][t] += s;
+  }
+  __syncthreads();
+
+  // Placement, 32 entries at a time in entry order: lanes with the same row take
+  // consecutive slots in lane order, then the lowest of them moves the row's cursor.
+  const unsigned below = (1u << lane) - 1u;
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    if (__ballot_sync(0xffffffffu, jl[u] >= 0) == 0u) continue;  // (warp-uniform)
+    const unsigned peers = __match_any_sync(0xffffffffu, jl[u]);
+    int pos = 0;
+    if (jl[u] >= 0) {
+      pos = sm.cursor[warp][jl[u]] + __popc(peers & below);
+      sm.hit_off[pos] = qoff[u];
+      sm.hit_w[pos] = w[u];
+    }
+    __syncwarp();
+    if (jl[u] >= 0 && (peers & below) == 0u) sm.cursor[warp][jl[u]] += __popc(peers);
+    __syncwarp();
+  }
+  __syncthreads();
+}
+
+// Rows a warp owns in a window of R: a contiguous block, so that its hits are one run.
+__device__ __forceinline__ int rows_per_warp(int R) { return (R + kSortWarps - 1) / kSortWarps; }
+
+// Warp `warp` adds the sorted hits of its rows [r0, r1) to the window's accumulator, in
+// list order; `fresh`: the accumulator holds nothing yet (the window's only batch), so a row
+// starts from zero instead of its stored value. All lanes take part (also those past dim,
+// whose columns are never written out), so every branch is warp-uniform.
+template <bool VEC, int SURF, class T, class Acc>
+__device__ __forceinline__ void apply_sorted_hits(SortedSmem<SURF, T, Acc>& sm, int R, int warp, int lane, const T* q,
+                                                  int64_t col, int64_t dim, bool fresh) {
+  constexpr int kInFlight = sorted_in_flight<T>();
+  const int r0 = warp * rows_per_warp(R), r1 = r0 + rows_per_warp(R) < R ? r0 + rows_per_warp(R) : R;
+  if (r0 >= r1) return;
+  const int h0 = sm.row_start[r0], h1 = sm.row_start[r1];
+  if (h0 == h1) return;
+  const T* qcol = q + (col < dim ? col : 0);
+  const int64_t left = col < dim ? dim - col : 0;
+  auto slot = [&](int r) -> Quad<Acc>& { return *reinterpret_cast<Quad<Acc>*>(&sm.acc[r][lane * kDCols]); };
+  int row = r0;
+  int row_end = sm.row_start[r0 + 1];
+  Quad<Acc> cur = fresh ? Quad<Acc>{} : slot(row);
+  for (int h = h0; h < h1; h += kInFlight) {
+    Quad<T> raw[kInFlight];
+    Acc wu[kInFlight];
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {  // the group's gathers first
+      const bool in = h + u < h1;
+      wu[u] = in ? sm.hit_w[h + u] : Acc(0);
+      raw[u] = load_quad<VEC>(qcol + (in ? sm.hit_off[h + u] : 0), left);
+    }
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {  // then the adds, in list order
+      if (h + u < h1) {
+        while (h + u >= row_end) {  // the next row of this warp with hits
+          slot(row) = cur;
+          ++row;
+          row_end = sm.row_start[row + 1];
+          cur = fresh ? Quad<Acc>{} : slot(row);
+        }
+#pragma unroll
+        for (int c = 0; c < kDCols; ++c) cur.v[c] += wu[u] * to_acc<Acc>(raw[u].v[c]);
+      }
+    }
+  }
+  slot(row) = cur;
+}
+
+template <int SURF, class T, class Acc>
+__global__ void __launch_bounds__(kSortThreads, sorted_min_ctas<Acc>())
+    grad_documents_sorted_kernel(const BwdArgs<T, Acc> a) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  auto& sm = *reinterpret_cast<SortedSmem<SURF, T, Acc>*>(smem_raw);
+  constexpr int kBatch = SortedSmem<SURF, T, Acc>::kBatch;
+  const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+  // Vector gathers: every quad of a row is aligned when dim is a multiple of kDCols.
+  const bool vec = a.dim % kDCols == 0 && reinterpret_cast<uintptr_t>(a.q) % sizeof(Quad<T>) == 0;
+  DocEntries<SURF, T, Acc> de{a};
+  if (!de.init(blockIdx.x)) return;
+
+  const int R = a.rows_per_cta;
+  for (int64_t j0 = int64_t(blockIdx.y) * R; j0 < de.rows_total; j0 += int64_t(gridDim.y) * R) {
+    for (int64_t d0 = 0; d0 < a.dim; d0 += kDChunk) {
+      const int64_t col = d0 + lane * kDCols;
+      const int r0 = warp * rows_per_warp(R), r1 = r0 + rows_per_warp(R) < R ? r0 + rows_per_warp(R) : R;
+      // One batch (padded documents, small contrastive batches): rows start from zero in
+      // registers and rows without hits are written as zeros, so the accumulator is neither
+      // cleared nor read for them.
+      const bool one_batch = de.nentries <= kBatch;
+      if (!one_batch) {
+        for (int j = r0; j < r1; ++j) *reinterpret_cast<Quad<Acc>*>(&sm.acc[j][lane * kDCols]) = Quad<Acc>{};
+      }
+      for (int64_t base = 0; base < de.nentries; base += kBatch) {
+        sort_batch_hits(sm, de, base, j0, R, t);
+        if (vec) {
+          apply_sorted_hits<true>(sm, R, warp, lane, a.q, col, a.dim, one_batch);
+        } else {
+          apply_sorted_hits<false>(sm, R, warp, lane, a.q, col, a.dim, one_batch);
+        }
+        // (the next batch's writes wait at its first barrier for this batch's reads)
+      }
+      // Each warp writes the rows it owns (its own stores: no barrier needed before; the row
+      // boundaries are the last batch's, written before its last barrier).
+      if (col < a.dim) {
+        const int64_t nrows = de.rows_total - j0 < R ? de.rows_total - j0 : R;
+        for (int j = r0; j < r1 && j < nrows; ++j) {
+          const bool zero = de.nentries == 0 || (one_batch && sm.row_start[j] == sm.row_start[j + 1]);
+          T* out = a.grad_d + (de.row0 + j0 + j) * a.dim + col;
+#pragma unroll
+          for (int c = 0; c < kDCols; ++c) {
+            if (col + c < a.dim) out[c] = from_acc<T, Acc>(zero ? Acc(0) : sm.acc[j][lane * kDCols + c]);
+          }
+        }
+      }
+      __syncthreads();  // the next chunk's or window's sort overwrites the row boundaries read above
+    }
+  }
+}
+
+}  // namespace kernel
+}  // namespace maxsim_cuda
