@@ -2,12 +2,15 @@
 on ragged inputs with odd sizes (partial tiles), empty segments and a bad pair id, with float
 documents, with int8 / float8 ones and with residual (ColBERTv2) codes including bad codes; then the
 half-precision padded and packed calls again with the sm_90a kernel forced on them (by
-default it takes only long documents or dim > 128), in both of its padded shapes.
+default it takes only long documents or dim > 128), in both of its padded shapes; then every
+gradient again with grad_documents' sorted kernel forced (by default it takes only documents
+with many entries a row), plus a contrastive step whose documents take several batches of it.
 
     compute-sanitizer --tool memcheck  python3 tools/device/sanitize_subset.py
     compute-sanitizer --tool racecheck python3 tools/device/sanitize_subset.py
 
-SANITIZE_PARTS=residual (comma-separated: float, compressed, residual, hopper, centroids) runs only those.
+SANITIZE_PARTS=residual (comma-separated: float, compressed, residual, hopper, centroids,
+grad_documents) runs only those.
 """
 import os
 from pathlib import Path
@@ -161,7 +164,18 @@ def centroid_scores(query_dtype, centroid_dtype, lq):
     assert torch.isnan(maxsim.score_centroids(q, codes, bad_offs, cents)[:, 1:3]).all()
 
 
-parts = set(os.environ.get("SANITIZE_PARTS", "float,compressed,residual,hopper,centroids").split(","))
+def many_entries_a_row(dtype, dim):
+    """Contrastive training with 80 queries against short ragged documents: thousands of
+    entries a document, so the sorted grad_documents kernel runs several batches a window."""
+    doc_lens = torch.tensor([0, 1, 90, 7, 150, 33])
+    offs = torch.cat([torch.zeros(1, dtype=torch.long), doc_lens.cumsum(0)]).to(dev)
+    docs = rand(int(doc_lens.sum()), dim, dtype=dtype).requires_grad_()
+    cq = rand(80, 37, dim, dtype=dtype).requires_grad_()
+    cql = torch.randint(0, 38, (80,), generator=gen).to(dev)
+    maxsim.score_contrastive_train(cq, docs, offs, query_lengths=cql).sum().backward()
+
+
+parts = set(os.environ.get("SANITIZE_PARTS", "float,compressed,residual,hopper,centroids,grad_documents").split(","))
 for dtype in (torch.float16, torch.bfloat16, torch.float32):
     for dim in (3, 128, 300):
         if "float" in parts:
@@ -183,5 +197,15 @@ if "hopper" in parts:
         os.environ["MAXSIM_CUDA_HOPPER_PADDED_CTAS"] = ctas
         for dtype in (torch.float16, torch.bfloat16):
             every_entry_point(dtype, 128)
+if "grad_documents" in parts:
+    for knob in ("MAXSIM_CUDA_HOPPER_PADDED", "MAXSIM_CUDA_HOPPER_PACKED", "MAXSIM_CUDA_HOPPER_PADDED_CTAS"):
+        os.environ.pop(knob, None)  # the forward as by default
+    for kernel in ("sorted", "scan"):
+        os.environ["MAXSIM_CUDA_GRAD_D"] = kernel
+        for dtype in (torch.float16, torch.float32, torch.float64):
+            for dim in (3, 128, 300):
+                every_entry_point(dtype, dim)
+                many_entries_a_row(dtype, dim)
+    os.environ.pop("MAXSIM_CUDA_GRAD_D")
 torch.cuda.synchronize()
 print("sanitize subset done")
