@@ -327,6 +327,17 @@ def maxsim_call(kernel, x: Inputs, leaves=None):
     return scores.detach()
 
 
+def raw_training_ops(kernel, name):
+    """A training workload's pieces through the raw contrastive ops (no autograd): the forward
+    with its argmax, and backward(need_grad_queries, need_grad_documents) on that argmax."""
+    ops = kernel._ops.ops
+    x = build_inputs(WORKLOADS[name], "cuda")
+    q, d, off, ql, g = x.queries, x.documents_packed, x.document_offsets, x.query_lengths, x.grad_weights
+    _, argmax = ops.contrastive_forward(q, d, off, ql, True)
+    return (lambda: ops.contrastive_forward(q, d, off, ql, True),
+            lambda need_q, need_d: ops.contrastive_backward(g, q, d, off, ql, argmax, need_q, need_d))
+
+
 def train_leaves(x: Inputs, padded_docs=False):
     """Fresh leaf tensors (requires_grad) for one training implementation."""
     d = padded_documents(x) if padded_docs else x.documents_packed

@@ -84,15 +84,11 @@ RESIDUAL_PAIRS = [
 ]
 
 
-
 def grad_documents_raw(ms, name):
     """grad_documents alone of a training workload (the raw contrastive backward op, the
     argmax from the tree's own forward)."""
-    ops = ms._ops.ops
-    x = W.build_inputs(W.WORKLOADS[name], "cuda")
-    q, d, off, ql, g = x.queries, x.documents_packed, x.document_offsets, x.query_lengths, x.grad_weights
-    _, argmax = ops.contrastive_forward(q, d, off, ql, True)
-    return lambda: ops.contrastive_backward(g, q, d, off, ql, argmax, False, True)[1]
+    _, backward = W.raw_training_ops(ms, name)
+    return lambda: backward(False, True)[1]
 
 
 def grad_documents_public(ms, name, layout):

@@ -109,18 +109,10 @@ def rerank_probe():
             report(f"{name} ragged", lambda: W.maxsim_call(maxsim, x))
 
 
-def _raw_training_ops(name):
-    x = W.build_inputs(W.WORKLOADS[name], "cuda")
-    q, d, off, ql, g = x.queries, x.documents_packed, x.document_offsets, x.query_lengths, x.grad_weights
-    _, argmax = ops.contrastive_forward(q, d, off, ql, True)
-    return (lambda: ops.contrastive_forward(q, d, off, ql, True),
-            lambda nq, nd: ops.contrastive_backward(g, q, d, off, ql, argmax, nq, nd))
-
-
 def split_probe():
     """GPU time (graph replay) of each piece of a training step, raw ops only."""
     for name in ("Contrastive", "LongDocs", "BigBatch", "ColPali", "BigColBERT", "DocDoc"):
-        fwd, bwd = _raw_training_ops(name)
+        fwd, bwd = W.raw_training_ops(maxsim, name)
         parts = {"forward+argmax": fwd, "grad_q": lambda: bwd(True, False),
                  "grad_d": lambda: bwd(False, True), "backward": lambda: bwd(True, True)}
         print(f"{name:12s} " + "  ".join(f"{k} {graph(f):8.1f} us" for k, f in parts.items()), flush=True)
@@ -200,7 +192,7 @@ def call(name, layout, fmt=None):
 
 
 def once(name):
-    fwd, bwd = _raw_training_ops(name)
+    fwd, bwd = W.raw_training_ops(maxsim, name)
     fwd()
     bwd(True, True)
     torch.cuda.synchronize()
