@@ -541,16 +541,19 @@ def kernel_names(fn):
     return out, {e.key for e in prof.key_averages()}
 
 
+@pytest.mark.parametrize("tile", ("64", "128"))
 @pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("surface", ("padded", "packed"))
-def test_sm90a_kernel_runs_and_matches_mma_sync(ops, monkeypatch, surface, fmt):
+def test_sm90a_kernel_runs_and_matches_mma_sync(ops, monkeypatch, surface, fmt, tile):
     """On an H100 / H200 padded and packed calls with 64 < dim <= 128 take the wgmma kernel
-    (MAXSIM_CUDA_HOPPER_BYTES=0 keeps mma.sync): both paths meet the float64 bound, and on
-    integer inputs (exact everywhere) they agree bit for bit, argmax included."""
+    (MAXSIM_CUDA_HOPPER_BYTES=0 keeps mma.sync), Lq <= 32 in either tile height
+    (MAXSIM_CUDA_HOPPER_BYTES_TILE): both paths meet the float64 bound, and on integer inputs
+    (exact everywhere) they agree bit for bit, argmax included."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs sm_90a")
+    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_BYTES_TILE", tile)
     shapes = ((torch.float16, 128, 32, 300), (torch.bfloat16, 96, 70, 200), (torch.float16, 112, 64, 129),
-              (torch.bfloat16, 128, 1, 64))
+              (torch.bfloat16, 128, 1, 64), (torch.float16, 128, 17, 700), (torch.bfloat16, 112, 32, 65))
     for qdtype, dim, lq, ld in shapes:
         got = {}
         for knob in ("1", "0"):
@@ -564,6 +567,23 @@ def test_sm90a_kernel_runs_and_matches_mma_sync(ops, monkeypatch, surface, fmt):
                     check_forward(case, scores, argmax)
                     got[knob] = (scores.cpu(), argmax.cpu())
         assert torch.equal(got["1"][0], got["0"][0]) and torch.equal(got["1"][1], got["0"][1]), (qdtype, dim, lq)
+
+
+@pytest.mark.parametrize("surface", ("padded", "packed"))
+def test_sm90a_kernel_takes_short_queries_by_default(ops, monkeypatch, surface):
+    """Without knobs, Lq <= 32 takes the wgmma kernel at any document length (here 40 rows at
+    most), longer queries only for documents of 300 rows or more on average (lengths up to 1,000:
+    ~500 on average)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel needs sm_90a")
+    for knob in ("MAXSIM_CUDA_HOPPER_BYTES", "MAXSIM_CUDA_HOPPER_BYTES_TILE", "MAXSIM_CUDA_FORCE_MMA_SYNC"):
+        monkeypatch.delenv(knob, raising=False)
+    for lq, ld, wanted in ((32, 40, True), (48, 40, False), (48, 1000, True)):
+        gen = torch.Generator().manual_seed(lq + ld)
+        case = Case(surface, "int8", torch.float16, 128, lq, gen, ld=ld)
+        (scores, argmax), names = kernel_names(lambda: run_case(ops, case, check_backward=False))
+        assert any("hopper_bytes" in n for n in names) == wanted, (lq, ld, sorted(names))
+        check_forward(case, scores, argmax)
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))

@@ -16,6 +16,7 @@
 #include "backward_documents_scan.cuh"
 #include "backward_documents_sorted.cuh"
 #include "backward_queries.cuh"
+#include "scheduler.cuh"
 
 namespace maxsim_cuda {
 namespace kernel {
@@ -75,18 +76,6 @@ cudaError_t run_backward(const BackwardParams& p) {
   }
 }
 
-// Opts a kernel into more than 48 KB of dynamic shared memory, once per device.
-template <auto kKernel>
-cudaError_t allow_shared_memory(size_t bytes) {
-  static bool configured[64] = {false};
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess || configured[dev & 63] || bytes <= 48 * 1024) return err;
-  err = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-  if (err == cudaSuccess) configured[dev & 63] = true;
-  return err;
-}
-
 // Which grad_documents kernel: MAXSIM_CUDA_GRAD_D=scan|sorted (read per call, so that one
 // process can time and test both), else sorted when a document has at least 8 entries per
 // row on average. H200, 2026-11-26: sorted 0.71-0.80x of scan's time on DocDoc (64 entries a
@@ -104,25 +93,29 @@ template <class T, class Acc, int SURF>
 cudaError_t run_grad_documents(const BackwardParams& p, BwdArgs<T, Acc>& a) {
   if (p.grad_documents == nullptr || a.nd <= 0) return cudaSuccess;
   if (a.nd > 0x7fffffff) return cudaErrorInvalidValue;
-  // per document (padded layouts: exactly; segments: on average)
-  const int64_t rows = SURF == 0 || SURF == 3 ? a.Ld : a.d_rows / a.nd + 1;
+  // rows and entries per document (padded layouts: exactly; segments: on average, rounded up)
+  const int64_t avg_rows = (a.d_rows + a.nd - 1) / a.nd;
+  const int64_t rows = SURF == 0 || SURF == 3 ? a.Ld : (avg_rows > 0 ? avg_rows : 1);
   const int64_t entries = SURF == 0 ? a.Lq : (SURF == 2 ? a.pairs * a.W / a.nd : a.nq * a.Lq);
   const int64_t sms = p.num_sms > 0 ? p.num_sms : 1;
   const bool sorted = grad_documents_sorted(entries, rows);
   int64_t windows = 1;
   if (sorted) {
+    constexpr auto kern = grad_documents_sorted_kernel<SURF, T, Acc>;
+    int per_sm = 1;  // CTAs an SM holds (two on sm_80 / sm_90, one on sm_86 / sm_89's 99 KB)
+    cudaError_t err = resident_ctas<kern>(kSortThreads, sizeof(SortedSmem<SURF, T, Acc>), 8, per_sm);
+    if (err != cudaSuccess) return err;
     // R (a multiple of the 8 warps) by a cost model: every CTA reads all of its document's
     // entries and applies its rows' hits (a full document's hits ~4 times its entries' cost),
-    // in waves of two CTAs an SM. H200: DocDoc 0.85 ms with R = 120 (9 windows of 1,024 rows,
-    // 576 CTAs: three waves) against 0.60 with R = 128 (512 CTAs: two), BigBatch 0.025 with R =
-    // 24 (two waves) against 0.0185 with 32 (one).
-    const int64_t avg_rows = (a.d_rows + a.nd - 1) / a.nd;
-    const int64_t doc_rows = SURF == 0 || SURF == 3 ? a.Ld : (avg_rows > 0 ? avg_rows : 1);
+    // in waves of the CTAs the SMs hold. H200: DocDoc 0.85 ms with R = 120 (9 windows of 1,024
+    // rows, 576 CTAs: three waves) against 0.60 with R = 128 (512 CTAs: two), BigBatch 0.025
+    // with R = 24 (two waves) against 0.0185 with 32 (one).
+    const int64_t slots = int64_t(per_sm) * sms;
     int64_t best = -1;
     for (int r = sorted_rows<Acc>(); r >= 16; r -= kSortWarps) {
-      const int64_t n = (doc_rows + r - 1) / r;
-      const int64_t waves = (a.nd * n + 2 * sms - 1) / (2 * sms);
-      const int64_t cost = waves * (doc_rows + 4 * int64_t(r));
+      const int64_t n = (rows + r - 1) / r;
+      const int64_t waves = (a.nd * n + slots - 1) / slots;
+      const int64_t cost = waves * (rows + 4 * int64_t(r));
       if (best < 0 || cost < best) {
         best = cost;
         a.rows_per_cta = r;
@@ -144,16 +137,15 @@ cudaError_t run_grad_documents(const BackwardParams& p, BwdArgs<T, Acc>& a) {
   if (windows < 1) windows = 1;
   if (windows > 65535) windows = 65535;
   const dim3 grid(static_cast<unsigned>(a.nd), static_cast<unsigned>(windows));
+  // (resident_ctas opts a kernel into its shared memory past 48 KB: the cost model above did
+  // for the sorted kernel)
   if (sorted) {
-    constexpr auto kern = grad_documents_sorted_kernel<SURF, T, Acc>;
-    constexpr size_t smem = sizeof(SortedSmem<SURF, T, Acc>);
-    cudaError_t err = allow_shared_memory<kern>(smem);
-    if (err != cudaSuccess) return err;
-    kern<<<grid, kSortThreads, smem, p.stream>>>(a);
+    grad_documents_sorted_kernel<SURF, T, Acc><<<grid, kSortThreads, sizeof(SortedSmem<SURF, T, Acc>), p.stream>>>(a);
   } else {
     constexpr auto kern = grad_documents_scan_kernel<SURF, T, Acc>;
     constexpr size_t smem = sizeof(ScanSmem<Acc>);
-    cudaError_t err = allow_shared_memory<kern>(smem);
+    int per_sm = 0;
+    cudaError_t err = resident_ctas<kern>(kScanThreads, smem, 8, per_sm);
     if (err != cudaSuccess) return err;
     kern<<<grid, kScanThreads, smem, p.stream>>>(a);
   }

@@ -158,5 +158,22 @@ struct DocEntries {
   }
 };
 
+// What both grad_documents kernels run around their work: CTA (document blockIdx.x, window
+// blockIdx.y) visits its windows of R = a.rows_per_cta rows (strided by gridDim.y: segments
+// longer than the average) and, in each, the 64-column chunks of dim; body(de, j0, col, vec)
+// with this lane's first column and whether quads can be gathered as vectors (every quad
+// of a row aligned: dim a multiple of kDCols, an aligned base). A document whose rows are not
+// a valid segment is skipped: nothing is written.
+template <int SURF, class T, class Acc, class Body>
+__device__ __forceinline__ void for_each_window(const BwdArgs<T, Acc>& a, Body&& body) {
+  const bool vec = a.dim % kDCols == 0 && reinterpret_cast<uintptr_t>(a.q) % sizeof(Quad<T>) == 0;
+  DocEntries<SURF, T, Acc> de{a};
+  if (!de.init(blockIdx.x)) return;
+  const int R = a.rows_per_cta;
+  for (int64_t j0 = int64_t(blockIdx.y) * R; j0 < de.rows_total; j0 += int64_t(gridDim.y) * R) {
+    for (int64_t d0 = 0; d0 < a.dim; d0 += kDChunk) body(de, j0, d0 + (threadIdx.x % 32) * kDCols, vec);
+  }
+}
+
 }  // namespace kernel
 }  // namespace maxsim_cuda

@@ -85,80 +85,72 @@ __global__ void __launch_bounds__(kScanThreads, 4) grad_documents_scan_kernel(co
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<ScanSmem<Acc>*>(smem_raw);
   const int t = threadIdx.x, lane = t % 32, warp = t / 32;
-  // Vector gathers: every quad of a row is aligned when dim is a multiple of kDCols.
-  const bool vec = a.dim % kDCols == 0 && reinterpret_cast<uintptr_t>(a.q) % sizeof(Quad<T>) == 0;
-  DocEntries<SURF, T, Acc> de{a};
-  if (!de.init(blockIdx.x)) return;
-
   const int R = a.rows_per_cta;
-  for (int64_t j0 = int64_t(blockIdx.y) * R; j0 < de.rows_total; j0 += int64_t(gridDim.y) * R) {
-    for (int64_t d0 = 0; d0 < a.dim; d0 += kDChunk) {
-      const int64_t col = d0 + lane * kDCols;
-      for (int j = warp; j < R; j += kScanWarps) *reinterpret_cast<Quad<Acc>*>(&sm.acc[j][lane * kDCols]) = Quad<Acc>{};
-      for (int64_t base = 0; base < de.nentries; base += kScanBatch) {
-        // this thread evaluates entries k0 .. k0 + kScanPerThread - 1 (consecutive: the argmax
-        // reads of one thread share cache lines)
-        const int64_t k0 = base + int64_t(t) * kScanPerThread;
-        EntryCursor cur{0, 0, 1, 0, 0};  // padded: the entry is the row itself
-        if (SURF != 0) cur.seek(k0, de.L, 1);
-        bool hit[kScanPerThread];
-        int jl[kScanPerThread];
-        int64_t qoff[kScanPerThread];
-        Acc w[kScanPerThread];
-        int cnt = 0;
+  for_each_window<SURF>(a, [&](const DocEntries<SURF, T, Acc>& de, int64_t j0, int64_t col, bool vec) {
+    for (int j = warp; j < R; j += kScanWarps) *reinterpret_cast<Quad<Acc>*>(&sm.acc[j][lane * kDCols]) = Quad<Acc>{};
+    for (int64_t base = 0; base < de.nentries; base += kScanBatch) {
+      // this thread evaluates entries k0 .. k0 + kScanPerThread - 1 (consecutive: the argmax
+      // reads of one thread share cache lines)
+      const int64_t k0 = base + int64_t(t) * kScanPerThread;
+      EntryCursor cur{0, 0, 1, 0, 0};  // padded: the entry is the row itself
+      if (SURF != 0) cur.seek(k0, de.L, 1);
+      bool hit[kScanPerThread];
+      int jl[kScanPerThread];
+      int64_t qoff[kScanPerThread];
+      Acc w[kScanPerThread];
+      int cnt = 0;
 #pragma unroll
-        for (int u = 0; u < kScanPerThread; ++u) {
-          w[u] = Acc(0);
-          qoff[u] = 0;
-          jl[u] = de.window_row(k0 + u, cur, j0, R, w[u], qoff[u]);
-          hit[u] = jl[u] >= 0;
-          cnt += hit[u] ? 1 : 0;
-          if (SURF != 0) cur.next();
-        }
-        // Block-wide exclusive scan of the hit counts: hits keep increasing-k order.
-        int incl = cnt;
-#pragma unroll
-        for (int o = 1; o < 32; o *= 2) {
-          const int y = __shfl_up_sync(0xffffffffu, incl, o);
-          incl += lane >= o ? y : 0;
-        }
-        if (lane == 31) sm.wcount[warp] = incl;
-        __syncthreads();
-        int pos = incl - cnt, total = 0;
-#pragma unroll
-        for (int ww = 0; ww < kScanWarps; ++ww) {
-          pos += ww < warp ? sm.wcount[ww] : 0;
-          total += sm.wcount[ww];
-        }
-#pragma unroll
-        for (int u = 0; u < kScanPerThread; ++u) {
-          if (hit[u]) {
-            sm.hit[pos] = ScanHit<Acc>{w[u], jl[u]};
-            sm.hit_off[pos] = qoff[u];
-            ++pos;
-          }
-        }
-        __syncthreads();
-        if (vec) {
-          apply_scanned_hits<true>(sm, total, warp, lane, a.q, col, a.dim);
-        } else {
-          apply_scanned_hits<false>(sm, total, warp, lane, a.q, col, a.dim);
-        }
-        __syncthreads();
+      for (int u = 0; u < kScanPerThread; ++u) {
+        w[u] = Acc(0);
+        qoff[u] = 0;
+        jl[u] = de.window_row(k0 + u, cur, j0, R, w[u], qoff[u]);
+        hit[u] = jl[u] >= 0;
+        cnt += hit[u] ? 1 : 0;
+        if (SURF != 0) cur.next();
       }
-      // Each warp writes the rows it owns (its own adds: no barrier needed before).
-      if (col < a.dim) {
-        const int64_t nrows = de.rows_total - j0 < R ? de.rows_total - j0 : R;
-        for (int j = warp; j < nrows; j += kScanWarps) {
-          T* out = a.grad_d + (de.row0 + j0 + j) * a.dim + col;
+      // Block-wide exclusive scan of the hit counts: hits keep increasing-k order.
+      int incl = cnt;
 #pragma unroll
-          for (int c = 0; c < kDCols; ++c) {
-            if (col + c < a.dim) out[c] = from_acc<T, Acc>(sm.acc[j][lane * kDCols + c]);
-          }
+      for (int o = 1; o < 32; o *= 2) {
+        const int y = __shfl_up_sync(0xffffffffu, incl, o);
+        incl += lane >= o ? y : 0;
+      }
+      if (lane == 31) sm.wcount[warp] = incl;
+      __syncthreads();
+      int pos = incl - cnt, total = 0;
+#pragma unroll
+      for (int ww = 0; ww < kScanWarps; ++ww) {
+        pos += ww < warp ? sm.wcount[ww] : 0;
+        total += sm.wcount[ww];
+      }
+#pragma unroll
+      for (int u = 0; u < kScanPerThread; ++u) {
+        if (hit[u]) {
+          sm.hit[pos] = ScanHit<Acc>{w[u], jl[u]};
+          sm.hit_off[pos] = qoff[u];
+          ++pos;
+        }
+      }
+      __syncthreads();
+      if (vec) {
+        apply_scanned_hits<true>(sm, total, warp, lane, a.q, col, a.dim);
+      } else {
+        apply_scanned_hits<false>(sm, total, warp, lane, a.q, col, a.dim);
+      }
+      __syncthreads();
+    }
+    // Each warp writes the rows it owns (its own adds: no barrier needed before).
+    if (col < a.dim) {
+      const int64_t nrows = de.rows_total - j0 < R ? de.rows_total - j0 : R;
+      for (int j = warp; j < nrows; j += kScanWarps) {
+        T* out = a.grad_d + (de.row0 + j0 + j) * a.dim + col;
+#pragma unroll
+        for (int c = 0; c < kDCols; ++c) {
+          if (col + c < a.dim) out[c] = from_acc<T, Acc>(sm.acc[j][lane * kDCols + c]);
         }
       }
     }
-  }
+  });
 }
 
 }  // namespace kernel

@@ -207,48 +207,40 @@ __global__ void __launch_bounds__(kSortThreads, sorted_min_ctas<Acc>())
   auto& sm = *reinterpret_cast<SortedSmem<SURF, T, Acc>*>(smem_raw);
   constexpr int kBatch = SortedSmem<SURF, T, Acc>::kBatch;
   const int t = threadIdx.x, lane = t % 32, warp = t / 32;
-  // Vector gathers: every quad of a row is aligned when dim is a multiple of kDCols.
-  const bool vec = a.dim % kDCols == 0 && reinterpret_cast<uintptr_t>(a.q) % sizeof(Quad<T>) == 0;
-  DocEntries<SURF, T, Acc> de{a};
-  if (!de.init(blockIdx.x)) return;
-
   const int R = a.rows_per_cta;
-  for (int64_t j0 = int64_t(blockIdx.y) * R; j0 < de.rows_total; j0 += int64_t(gridDim.y) * R) {
-    for (int64_t d0 = 0; d0 < a.dim; d0 += kDChunk) {
-      const int64_t col = d0 + lane * kDCols;
-      const int r0 = warp * rows_per_warp(R), r1 = r0 + rows_per_warp(R) < R ? r0 + rows_per_warp(R) : R;
-      // One batch (padded documents, small contrastive batches): rows start from zero in
-      // registers and rows without hits are written as zeros, so the accumulator is neither
-      // cleared nor read for them.
-      const bool one_batch = de.nentries <= kBatch;
-      if (!one_batch) {
-        for (int j = r0; j < r1; ++j) *reinterpret_cast<Quad<Acc>*>(&sm.acc[j][lane * kDCols]) = Quad<Acc>{};
-      }
-      for (int64_t base = 0; base < de.nentries; base += kBatch) {
-        sort_batch_hits(sm, de, base, j0, R, t);
-        if (vec) {
-          apply_sorted_hits<true>(sm, R, warp, lane, a.q, col, a.dim, one_batch);
-        } else {
-          apply_sorted_hits<false>(sm, R, warp, lane, a.q, col, a.dim, one_batch);
-        }
-        // (the next batch's writes wait at its first barrier for this batch's reads)
-      }
-      // Each warp writes the rows it owns (its own stores: no barrier needed before; the row
-      // boundaries are the last batch's, written before its last barrier).
-      if (col < a.dim) {
-        const int64_t nrows = de.rows_total - j0 < R ? de.rows_total - j0 : R;
-        for (int j = r0; j < r1 && j < nrows; ++j) {
-          const bool zero = de.nentries == 0 || (one_batch && sm.row_start[j] == sm.row_start[j + 1]);
-          T* out = a.grad_d + (de.row0 + j0 + j) * a.dim + col;
-#pragma unroll
-          for (int c = 0; c < kDCols; ++c) {
-            if (col + c < a.dim) out[c] = from_acc<T, Acc>(zero ? Acc(0) : sm.acc[j][lane * kDCols + c]);
-          }
-        }
-      }
-      __syncthreads();  // the next chunk's or window's sort overwrites the row boundaries read above
+  for_each_window<SURF>(a, [&](const DocEntries<SURF, T, Acc>& de, int64_t j0, int64_t col, bool vec) {
+    const int r0 = warp * rows_per_warp(R), r1 = r0 + rows_per_warp(R) < R ? r0 + rows_per_warp(R) : R;
+    // One batch (padded documents, small contrastive batches): rows start from zero in
+    // registers and rows without hits are written as zeros, so the accumulator is neither
+    // cleared nor read for them.
+    const bool one_batch = de.nentries <= kBatch;
+    if (!one_batch) {
+      for (int j = r0; j < r1; ++j) *reinterpret_cast<Quad<Acc>*>(&sm.acc[j][lane * kDCols]) = Quad<Acc>{};
     }
-  }
+    for (int64_t base = 0; base < de.nentries; base += kBatch) {
+      sort_batch_hits(sm, de, base, j0, R, t);
+      if (vec) {
+        apply_sorted_hits<true>(sm, R, warp, lane, a.q, col, a.dim, one_batch);
+      } else {
+        apply_sorted_hits<false>(sm, R, warp, lane, a.q, col, a.dim, one_batch);
+      }
+      // (the next batch's writes wait at its first barrier for this batch's reads)
+    }
+    // Each warp writes the rows it owns (its own stores: no barrier needed before; the row
+    // boundaries are the last batch's, written before its last barrier).
+    if (col < a.dim) {
+      const int64_t nrows = de.rows_total - j0 < R ? de.rows_total - j0 : R;
+      for (int j = r0; j < r1 && j < nrows; ++j) {
+        const bool zero = de.nentries == 0 || (one_batch && sm.row_start[j] == sm.row_start[j + 1]);
+        T* out = a.grad_d + (de.row0 + j0 + j) * a.dim + col;
+#pragma unroll
+        for (int c = 0; c < kDCols; ++c) {
+          if (col + c < a.dim) out[c] = from_acc<T, Acc>(zero ? Acc(0) : sm.acc[j][lane * kDCols + c]);
+        }
+      }
+    }
+    __syncthreads();  // the next chunk's or window's sort overwrites the row boundaries read above
+  });
 }
 
 }  // namespace kernel

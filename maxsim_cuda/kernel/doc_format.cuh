@@ -91,6 +91,14 @@ __device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
   asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
   return v;
 }
+__device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void st_shared_f32(uint32_t addr, float v) {
+  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v));
+}
 __device__ __forceinline__ float2 ld_shared_f2(uint32_t addr) {
   float2 v;
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
@@ -129,37 +137,26 @@ __device__ __forceinline__ bool residual_weights_in(const ResidualRef& r) {
   return in;
 }
 
+// A pair of 16-bit values of T (__half or __nv_bfloat16) in one 32-bit register.
 template <class T>
-struct Pair16;
-template <>
-struct Pair16<__half> {
-  using type = __half2;
-  __device__ __forceinline__ static uint32_t add(uint32_t c, uint32_t w) {
-    const __half2 s = __hadd2(*reinterpret_cast<const __half2*>(&c), *reinterpret_cast<const __half2*>(&w));
-    return *reinterpret_cast<const uint32_t*>(&s);
-  }
+struct Pair16 {
+  using Vec = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+  __device__ __forceinline__ static uint32_t bits(Vec v) { return *reinterpret_cast<const uint32_t*>(&v); }
+  __device__ __forceinline__ static Vec vec(uint32_t c) { return *reinterpret_cast<const Vec*>(&c); }
+  __device__ __forceinline__ static uint32_t add(uint32_t c, uint32_t w) { return bits(__hadd2(vec(c), vec(w))); }
   __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
-    const __half2 s = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&s);
+    if constexpr (std::is_same_v<T, __half>) {
+      return bits(__floats2half2_rn(lo, hi));
+    } else {
+      return bits(__floats2bfloat162_rn(lo, hi));
+    }
   }
   __device__ __forceinline__ static float2 unpack(uint32_t c) {
-    return __half22float2(*reinterpret_cast<const __half2*>(&c));
-  }
-};
-template <>
-struct Pair16<__nv_bfloat16> {
-  using type = __nv_bfloat162;
-  __device__ __forceinline__ static uint32_t add(uint32_t c, uint32_t w) {
-    const __nv_bfloat162 s =
-        __hadd2(*reinterpret_cast<const __nv_bfloat162*>(&c), *reinterpret_cast<const __nv_bfloat162*>(&w));
-    return *reinterpret_cast<const uint32_t*>(&s);
-  }
-  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
-    const __nv_bfloat162 s = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&s);
-  }
-  __device__ __forceinline__ static float2 unpack(uint32_t c) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&c));
+    if constexpr (std::is_same_v<T, __half>) {
+      return __half22float2(vec(c));
+    } else {
+      return __bfloat1622float2(vec(c));
+    }
   }
 };
 

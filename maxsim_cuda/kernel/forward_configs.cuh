@@ -315,8 +315,9 @@ template <class T, DocFormat F>
 struct CompressedKConfig<T, 128, F> { using type = MmaKMainloop<T, 128, 64, 4, 2, 64, 4, 1, F>; };
 
 // sm_90a, padded and packed, 64 < dim <= 128: the wgmma kernel with the documents as the
-// register operand (forward_hopper_bytes.cuh); 32 query rows for Lq <= 32 (4 stages, 2 CTAs
-// per SM), else 64-row chunks (3 stages). ran = false leaves the call to mma.sync.
+// register operand (forward_hopper_bytes.cuh); 32 query rows for Lq <= 32 (4 stages; 64-row
+// tiles and 3 CTAs per SM, or 128-row tiles and 2 for long documents: hopper_bytes_short_tiles),
+// else 64-row chunks (3 stages, 128-row tiles). ran = false leaves the call to mma.sync.
 template <class T, DocFormat F, int SURF>
 cudaError_t try_forward_hopper_bytes(const ForwardParams& p, bool& ran) {
   ran = false;
@@ -325,8 +326,11 @@ cudaError_t try_forward_hopper_bytes(const ForwardParams& p, bool& ran) {
     const ForwardParams v = hopper_view(p);
     const EpilogueArgs ep = make_args<T>(p).ep;
     auto run = [&](const auto& pol) {
-      return v.lq <= 32 ? run_forward_hopper_bytes<T, F, HopperByteShape<32, 4>>(v, pol, ep, ran)
-                        : run_forward_hopper_bytes<T, F, HopperByteShape<64, 3>>(v, pol, ep, ran);
+      if (v.lq > 32) return run_forward_hopper_bytes<T, F, HopperByteShape<64, 3>>(v, pol, ep, ran);
+      if (hopper_bytes_short_tiles(v)) {
+        return run_forward_hopper_bytes<T, F, HopperByteShape<32, 4, 64, 3>>(v, pol, ep, ran);
+      }
+      return run_forward_hopper_bytes<T, F, HopperByteShape<32, 4>>(v, pol, ep, ran);
     };
     if constexpr (SURF == 0) {
       return run(make_padded_grid(p));

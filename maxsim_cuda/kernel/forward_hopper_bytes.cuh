@@ -43,20 +43,23 @@
 namespace maxsim_cuda {
 namespace kernel {
 
-template <int N_, int STAGES_>
+// N_ query rows (32: Lq <= 32, 64: 64-row chunks), document tiles of BN_ rows (128: two
+// 64-row halves, 64: one), CTAS_ resident CTAs an SM is planned for.
+template <int N_, int STAGES_, int BN_ = 128, int CTAS_ = 2>
 struct HopperByteShape {
   static constexpr bool kStream = false;
-  static constexpr int kCtasPerSm = 2;
+  static constexpr int kCtasPerSm = CTAS_;
   static constexpr int KD = 128, KB = 2;  // the query's two 64-column blocks
   static constexpr int BM = 64;           // query block rows (hopper_blocks, the epilogue)
   static constexpr int kQueryRows = N_;   // rows the MMAs take: Lq <= 32, or 64-row chunks
-  static constexpr int BN = 128, NT = N_ / 8;
+  static constexpr int BN = BN_, NT = N_ / 8, kHalves = BN_ / 64;
   static constexpr int kConsumers = 1, kStages = STAGES_;
   static constexpr int kThreads = 128 + 32;
   static constexpr int kProducerWarp = 4;
   static constexpr uint32_t kRowBytes = 128;
-  static constexpr uint32_t kQueryBlockBytes = KB * BM * kRowBytes;  // a raw query buffer
-  static constexpr uint32_t kDocBytes = BN * kRowBytes;              // 128 rows of <= 128 bytes
+  // a raw query buffer: the N rows the MMAs take (bounded loads fill 32-row boxes)
+  static constexpr uint32_t kQueryBlockBytes = KB * N_ * kRowBytes;
+  static constexpr uint32_t kDocBytes = BN * kRowBytes;  // BN rows of <= 128 bytes
   static constexpr uint32_t kQueryInSlot = 0;
   static constexpr int kDocBlocks = 1;
   static constexpr int kScaleBox = BN + 4;  // the tile's scales from its row rounded down to 4
@@ -72,9 +75,11 @@ struct HopperByteShape {
     int part_i[4][N_];
   };
   static_assert(N_ == 32 || N_ == 64, "N");
+  static_assert(BN_ == 64 || BN_ == 128, "BN");
+  static_assert(kScaleBytes <= 1024, "the scales fit the slot's tail");
 };
 
-// The raw query block (TMA layout: [2][64 rows][128 B], chunk c of row n at c ^ (n % 8)) into
+// The raw query block (TMA layout: [2][N rows][128 B], chunk c of row n at c ^ (n % 8)) into
 // the permuted B block ([2][N rows][128 B], same swizzle). Physical 4-byte pair P = 16t + 2s + h
 // goes to logical pair 8s + 4h + t; a thread moves one 16-byte chunk (4 pairs) at a time.
 template <int N>
@@ -82,7 +87,7 @@ __device__ __forceinline__ void permute_query(uint32_t raw, uint32_t perm, int t
 #pragma unroll
   for (int k = tid; k < N * 16; k += 128) {
     const int n = k / 16, c = k % 16;  // physical columns 8c .. 8c + 7 of query row n
-    const uint4 v = ld_shared_v4(raw + uint32_t((c / 8) * 64 * 128 + n * 128 + (((c % 8) ^ (n % 8)) * 16)));
+    const uint4 v = ld_shared_v4(raw + uint32_t((c / 8) * N * 128 + n * 128 + (((c % 8) ^ (n % 8)) * 16)));
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -211,12 +216,13 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
         ++it;
         continue;
       }
-      const bool two = left > 64;  // uniform: the second half has rows
+      constexpr int HV = Shape::kHalves;
+      const bool two = HV == 2 && left > 64;  // uniform: the second half has rows
       const uint32_t slot = smem_addr(sm.ring.slot[stage]);
-      uint4 raw[2][2][2];
-      float sc[2][2];
+      uint4 raw[HV][2][2];
+      float sc[HV][2];
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
+      for (int hh = 0; hh < HV; ++hh) {
         if (hh == 1 && !two) break;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -230,7 +236,7 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
       ++it;
       const int col_base = info.tile * BN + row0;
       const bool index = hp.ep.with_argmax;
-      if constexpr (N == 32) {
+      if constexpr (N == 32 && HV == 2) {
         // both halves' MMAs in flight, one fold over the thread's four rows
         float acc[2][NT][4];
         uint32_t a0[8][4], a1[8][4];
@@ -263,9 +269,10 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
                                        index);
         }
       } else {
-        // 64 query rows: one half at a time (both in flight need ~200 registers)
+        // one half at a time: 64 query rows (both halves in flight need ~200 registers), or
+        // 64-row tiles (three CTAs an SM: 136 registers a thread)
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
+        for (int hh = 0; hh < HV; ++hh) {
           if (hh == 1 && !two) break;
           float acc[1][NT][4];
           uint32_t a[8][4];
@@ -288,26 +295,43 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
         }
       }
     } while (!(info.flags & kTileLast));
-    // The step's column maxima: over the eight lanes of a column, then over the four warps.
+    // The step's column maxima: over the eight lanes of a column, then over the four warps;
+    // a call without argmax merges the maxima alone (a NaN-propagating max: the same value).
+    if (hp.ep.with_argmax) {
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+      for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        merge_shfl(cm.m[nt][e], cm.idx[nt][e], 4);
-        merge_shfl(cm.m[nt][e], cm.idx[nt][e], 8);
-        merge_shfl(cm.m[nt][e], cm.idx[nt][e], 16);
-        if (g == 0) {
-          sm.part_m[warp][nt * 8 + 2 * t4 + e] = cm.m[nt][e];
-          sm.part_i[warp][nt * 8 + 2 * t4 + e] = cm.idx[nt][e];
+        for (int e = 0; e < 2; ++e) {
+          merge_shfl(cm.m[nt][e], cm.idx[nt][e], 4);
+          merge_shfl(cm.m[nt][e], cm.idx[nt][e], 8);
+          merge_shfl(cm.m[nt][e], cm.idx[nt][e], 16);
+          if (g == 0) {
+            sm.part_m[warp][nt * 8 + 2 * t4 + e] = cm.m[nt][e];
+            sm.part_i[warp][nt * 8 + 2 * t4 + e] = cm.idx[nt][e];
+          }
         }
-      }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float m = cm.m[nt][e];
+#pragma unroll
+          for (int o = 4; o < 32; o *= 2) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
+          if (g == 0) sm.part_m[warp][nt * 8 + 2 * t4 + e] = m;
+        }
+    }
     sync();
     if (tid < 64) {
       float m = neg_inf<float>();
       int idx = kNoIndex;
       if (tid < N) {
+        if (hp.ep.with_argmax) {
 #pragma unroll
-        for (int w = 0; w < 4; ++w) merge(m, idx, sm.part_m[w][tid], sm.part_i[w][tid]);
+          for (int w = 0; w < 4; ++w) merge(m, idx, sm.part_m[w][tid], sm.part_i[w][tid]);
+        } else {
+          m = max_nan(max_nan(sm.part_m[0][tid], sm.part_m[1][tid]), max_nan(sm.part_m[2][tid], sm.part_m[3][tid]));
+        }
       }
       epi.red_m[tid] = m;
       epi.red_i[tid] = idx;
@@ -355,21 +379,30 @@ inline bool hopper_bytes_applies(const ForwardParams& p) {
          reinterpret_cast<uintptr_t>(p.doc_scales) % 16 == 0 && hopper_call_fits(p);
 }
 
-// Calls whose average document is shorter than this stay on the mma.sync kernels: every step
-// here pays a query permutation and a cross-warp epilogue, which short documents do not
-// amortise. H100, int8, GPU time this kernel / mma.sync (2026-11-24): ColPaliRerank (Ld 1030)
-// 56.4 / 63.6 us, LongDocStress (1024) 14.3 / 20.6, SingleQueryRerank (300) 22.2 / 25.0;
-// HeavyRerank (256) 64.8 / 62.5, HeavyRerankPacked (~160 on average) 62.1 / 66.1, Rerank
-// (180) 32.8 / 32.7, SmallRerank (180) 11.5 / 9.7.
+// Which calls this kernel takes by default. Lq <= 32: all, at any document length. H200, int8,
+// GPU time this kernel (64-row tiles) / mma.sync (2026-11-26): HeavyRerank (Ld 256) 40.4 / 60.7
+// us, Rerank (180) 18.9 / 33.2, SmallRerank (180) 6.6 / 9.9, Ld 64 21.4 / 40.4, ColPaliRerank
+// (1030, 128-row tiles) 44.8 / 62.5. Lq > 32 (64-row query chunks, 128-row tiles): documents of
+// kHopperBytesMinDocRows rows on average, since each step also pays a query permutation and a
+// cross-warp epilogue on 128-row tiles (H100, 2026-11-24: LongDocStress (1024) 14.3 / 20.6 us).
 constexpr int64_t kHopperBytesMinDocRows = 300;
 
 // MAXSIM_CUDA_HOPPER_BYTES=1 takes this kernel for every call it applies to, =0 for none
-// (read per call: tests and comparisons); unset, documents of kHopperBytesMinDocRows rows on
-// average.
+// (read per call: tests and comparisons); unset, the rule above.
 inline bool hopper_bytes_wanted(const ForwardParams& p) {
   const char* e = std::getenv("MAXSIM_CUDA_HOPPER_BYTES");
   if (e != nullptr && (e[0] == '0' || e[0] == '1')) return e[0] == '1';
-  return average_doc_rows(p) >= kHopperBytesMinDocRows;
+  return p.lq <= 32 || average_doc_rows(p) >= kHopperBytesMinDocRows;
+}
+
+// Lq <= 32: 64-row tiles at three CTAs an SM, or 128-row tiles at two for documents of 512
+// rows or more on average, where the fewer steps' tiles stream better (H200, int8, 64 / 128:
+// HeavyRerank 40.4 / 43.7 us, Rerank 18.9 / 22.5, SingleQueryRerank (300) 16.5 / 16.3,
+// ColPaliRerank 45.5 / 44.8). MAXSIM_CUDA_HOPPER_BYTES_TILE=64 | 128 forces one (read per call).
+inline bool hopper_bytes_short_tiles(const ForwardParams& p) {
+  const char* e = std::getenv("MAXSIM_CUDA_HOPPER_BYTES_TILE");
+  if (e != nullptr && (e[0] == '6' || e[0] == '1')) return e[0] == '6';
+  return average_doc_rows(p) < 512;
 }
 
 template <class T, DocFormat F, class Shape, class Policy>

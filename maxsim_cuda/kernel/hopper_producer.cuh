@@ -163,7 +163,7 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
         for (int g = 0; g < blocks; ++g) {
 #pragma unroll
           for (int kb = 0; kb < KB; ++kb) {
-            load_query(smem_addr(sm.query[qbuf][g]) + kb * Shape::BM * kRowBytes, smem_addr(&sm.qfull[qbuf]), g,
+            load_query(smem_addr(sm.query[qbuf][g]) + kb * (Shape::kQueryBlockBytes / KB), smem_addr(&sm.qfull[qbuf]), g,
                        kb * 64);
           }
         }

@@ -222,12 +222,15 @@ struct MmaMainloop {
     gran = copy_piece_bytes(res_bytes, reinterpret_cast<uintptr_t>(docs));
     res_weights_in_t = residual_weights_in<T>(r);
     unsigned char* tables = tiles + kStages * stage_bytes();
+    // only the table decode_residual reads: T pairs when every weight is a value of T
     for (int e = threadIdx.x; e < (1 << (2 * r.nbits)); e += kThreads) {
       float w0, w1;
       residual_pair_weights(r, uint32_t(e), w0, w1);
-      const T t[2] = {float_to_half<T>(w0), float_to_half<T>(w1)};
-      *reinterpret_cast<uint32_t*>(tables + kPairTableT + 4 * e) = *reinterpret_cast<const uint32_t*>(t);
-      *reinterpret_cast<float2*>(tables + kPairTableF + 8 * e) = make_float2(w0, w1);
+      if (res_weights_in_t) {
+        *reinterpret_cast<uint32_t*>(tables + kPairTableT + 4 * e) = Pair16<T>::pack(w0, w1);
+      } else {
+        *reinterpret_cast<float2*>(tables + kPairTableF + 8 * e) = make_float2(w0, w1);
+      }
     }
   }
 
@@ -273,7 +276,7 @@ struct MmaMainloop {
       }
       if (ch == 0) {  // the row's scale: NaN for a code out of range (the bad-id rule)
         const float scale = r >= rows ? 0.f : (ok[it] ? 1.f : __int_as_float(0x7fc00000));
-        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(base + uint32_t(kTileBytes + 4 * r)), "f"(scale));
+        st_shared_f32(base + uint32_t(kTileBytes + 4 * r), scale);
       }
     }
     load_rows<1, BN, kResidualRowBytes, kThreads, NoSwizzle>(base + uint32_t(kTileBytes + BN * 4), docs, row0,
@@ -347,10 +350,7 @@ struct MmaMainloop {
       for (int o = TPR / 2; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
       if (part == 0 && r < rows && res.normalize) {  // the producer left 1 or NaN there
         const uint32_t at = base + uint32_t(kTileBytes + 4 * r);
-        float f;
-        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(f) : "r"(at));
-        f *= 1.f / fmaxf(sqrtf(sum), 1e-12f);
-        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(at), "f"(f));
+        st_shared_f32(at, ld_shared_f32(at) * (1.f / fmaxf(sqrtf(sum), 1e-12f)));
       }
     }
   }

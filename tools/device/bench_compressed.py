@@ -9,7 +9,7 @@ each, so "copy rate" = 2 * bytes / time).
 
 Run on the device from the repository root after a CUDA build:
   python3 tools/device/bench_compressed.py
-(BENCH_ROWS=ColBERTCorpus,ColPaliCorpus: those rows only.)
+(BENCH_ROWS=ColBERTCorpus,ColPaliCorpus: those rows only; BENCH_VARIANTS: see main.)
 """
 from __future__ import annotations
 
@@ -116,6 +116,8 @@ def main():
         ("SingleQueryPacked", lambda: packed_call(kernel, ops, 1, 1000, 32, 300, 128)),
         ("LongDocStressPacked", lambda: packed_call(kernel, ops, 8, 16, 64, 1024, 128)),
         ("SmallRerank", lambda: padded_call(kernel, ops, 32, 10, 32, 180, 128)),
+        ("Rerank Ld 64", lambda: padded_call(kernel, ops, 32, 100, 32, 64, 128)),
+        ("Rerank Ld 128", lambda: padded_call(kernel, ops, 32, 100, 32, 128, 128)),
         ("Rerank", lambda: padded_call(kernel, ops, 32, 50, 32, 180, 128)),
         ("SingleQueryRerank", lambda: padded_call(kernel, ops, 1, 1000, 32, 300, 128)),
         ("ColPaliRerank", lambda: padded_call(kernel, ops, 16, 64, 32, 1030, 128)),
@@ -130,8 +132,12 @@ def main():
     # The same call on the other kernels: "bytes ms" the sm_90a kernel with the documents as the
     # register operand where it applies (MAXSIM_CUDA_HOPPER_WIDEN=0, MAXSIM_CUDA_HOPPER_BYTES=1;
     # else mma.sync), "mma.sync ms" with MAXSIM_CUDA_FORCE_MMA_SYNC=1 (the Ampere kernels).
+    # BENCH_VARIANTS="name:ENV=V,ENV=V;name2:ENV=V" replaces them (e.g. block shapes behind a knob).
     variants = (("bytes", {"MAXSIM_CUDA_HOPPER_WIDEN": "0", "MAXSIM_CUDA_HOPPER_BYTES": "1"}),
                 ("mma.sync", {"MAXSIM_CUDA_FORCE_MMA_SYNC": "1"}))
+    if os.environ.get("BENCH_VARIANTS"):
+        variants = tuple((name, dict(kv.split("=", 1) for kv in settings.split(",") if kv))
+                         for name, _, settings in (v.partition(":") for v in os.environ["BENCH_VARIANTS"].split(";")))
     print(f"{'workload':<20} {'format':<6} {'ms':>8} {'x fp16':>7} {'TB/s':>6}"
           + "".join(f" {v + ' ms':>12}" for v, _ in variants))
     for name, make in rows:

@@ -2,14 +2,15 @@
 on ragged inputs with odd sizes (partial tiles), empty segments and a bad pair id, with float
 documents, with int8 / float8 ones and with residual (ColBERTv2) codes including bad codes; then the
 half-precision padded and packed calls again with the sm_90a kernel forced on them (by
-default it takes only long documents or dim > 128), in both of its padded shapes; then every
+default it takes only long documents or dim > 128), in both of its padded shapes; the sm_90a
+kernel for compressed documents forced, in each of its tile shapes; then every
 gradient again with grad_documents' sorted kernel forced (by default it takes only documents
 with many entries a row), plus a contrastive step whose documents take several batches of it.
 
     compute-sanitizer --tool memcheck  python3 tools/device/sanitize_subset.py
     compute-sanitizer --tool racecheck python3 tools/device/sanitize_subset.py
 
-SANITIZE_PARTS=residual (comma-separated: float, compressed, residual, hopper, centroids,
+SANITIZE_PARTS=residual (comma-separated: float, compressed, residual, hopper, centroids, bytes,
 grad_documents) runs only those.
 """
 import os
@@ -66,9 +67,9 @@ def every_entry_point(dtype, dim):
     maxsim.score_pairs_packed_with_argmax(pq_tok, qoffs, docs, offs, pq, bad, max_q_len=300)
 
 
-def compressed_entry_points(dtype, dim, fmt):
+def compressed_entry_points(dtype, dim, fmt, lq=37):
     """Every surface with int8 / float8 documents (one scale per token), query gradients."""
-    b, c, lq, ld = 3, 5, 37, 141
+    b, c, ld = 3, 5, 141
     q = rand(b, lq, dim, dtype=dtype).requires_grad_()
     v, s = maxsim.quantize_documents(rand(b, c, ld, dim, dtype=torch.float32), fmt)
     ql = torch.tensor([lq, 0, 17], device=dev)
@@ -86,12 +87,12 @@ def compressed_entry_points(dtype, dim, fmt):
     plens = torch.tensor([0, 5, ld, 64, 1], device=dev, dtype=torch.int32)
     maxsim.score_contrastive_padded_train(cq, pv, plens, query_lengths=cql,
                                           document_scales=ps).sum().backward()
-    q_lens = torch.tensor([7, 0, 300, 33])
+    q_lens = torch.tensor([7, 0, 300, 33] if lq > 32 else [7, 0, lq, 1])
     qoffs = torch.cat([torch.zeros(1, dtype=torch.long), q_lens.cumsum(0)]).to(dev)
     pq_tok = rand(int(q_lens.sum()), dim, dtype=dtype).requires_grad_()
     pq = torch.tensor([0, 1, 2, 3, 2, 0, 3], device=dev, dtype=torch.int32)
     pd = torch.tensor([1, 2, 2, 0, 4, 3, 99], device=dev, dtype=torch.int32)  # 99: out of range
-    out = maxsim.score_pairs_packed_train(pq_tok, qoffs, dv, offs, pq, pd, max_q_len=300,
+    out = maxsim.score_pairs_packed_train(pq_tok, qoffs, dv, offs, pq, pd, max_q_len=int(q_lens.max()),
                                           document_scales=ds)
     assert torch.isnan(out[6]), out
     out[:6].sum().backward()
@@ -175,7 +176,8 @@ def many_entries_a_row(dtype, dim):
     maxsim.score_contrastive_train(cq, docs, offs, query_lengths=cql).sum().backward()
 
 
-parts = set(os.environ.get("SANITIZE_PARTS", "float,compressed,residual,hopper,centroids,grad_documents").split(","))
+parts = set(os.environ.get("SANITIZE_PARTS", "float,compressed,residual,hopper,centroids,bytes,grad_documents")
+            .split(","))
 for dtype in (torch.float16, torch.bfloat16, torch.float32):
     for dim in (3, 128, 300):
         if "float" in parts:
@@ -197,6 +199,16 @@ if "hopper" in parts:
         os.environ["MAXSIM_CUDA_HOPPER_PADDED_CTAS"] = ctas
         for dtype in (torch.float16, torch.bfloat16):
             every_entry_point(dtype, 128)
+if "bytes" in parts:
+    # the sm_90a kernel for compressed documents, forced, in each of its Lq <= 32 tile shapes
+    os.environ["MAXSIM_CUDA_HOPPER_BYTES"] = "1"
+    for tile in ("128", "64"):
+        os.environ["MAXSIM_CUDA_HOPPER_BYTES_TILE"] = tile
+        for dtype in (torch.float16, torch.bfloat16):
+            for fmt in ("int8", "float8_e4m3fn"):
+                compressed_entry_points(dtype, 128, fmt, lq=29)
+    os.environ.pop("MAXSIM_CUDA_HOPPER_BYTES")
+    os.environ.pop("MAXSIM_CUDA_HOPPER_BYTES_TILE")
 if "grad_documents" in parts:
     for knob in ("MAXSIM_CUDA_HOPPER_PADDED", "MAXSIM_CUDA_HOPPER_PACKED", "MAXSIM_CUDA_HOPPER_PADDED_CTAS"):
         os.environ.pop(knob, None)  # the forward as by default
