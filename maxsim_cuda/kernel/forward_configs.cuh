@@ -322,8 +322,8 @@ template <class T, DocFormat F, int SURF>
 cudaError_t try_forward_hopper_bytes(const ForwardParams& p, bool& ran) {
   ran = false;
   if constexpr (SURF == 0 || SURF == 2) {
-    if (!hopper_bytes_wanted(p) || !hopper_bytes_applies(p)) return cudaSuccess;
-    const ForwardParams v = hopper_view(p);
+    const ForwardParams v = hopper_view(p);  // (packed: lq is max_q_len)
+    if (!hopper_bytes_wanted(v) || !hopper_bytes_applies(p)) return cudaSuccess;
     const EpilogueArgs ep = make_args<T>(p).ep;
     auto run = [&](const auto& pol) {
       if (v.lq > 32) return run_forward_hopper_bytes<T, F, HopperByteShape<64, 3>>(v, pol, ep, ran);
