@@ -587,6 +587,44 @@ def test_sm90a_kernel_takes_short_queries_by_default(ops, monkeypatch, surface):
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
+def test_sm90a_kernel_one_short_packed_query(ops, monkeypatch, fmt):
+    """One packed query of 20 rows with max_q_len 32 (the one-query rerank's packed form): the
+    wgmma kernel takes it by default, its 32-row query box reaching past the query tensor (TMA
+    fills zeros there); integer inputs, so its scores and argmax equal the mma.sync kernels' and
+    the float64 MaxSim of the dequantised documents exactly."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel needs sm_90a")
+    for knob in ("MAXSIM_CUDA_HOPPER_BYTES", "MAXSIM_CUDA_HOPPER_BYTES_TILE", "MAXSIM_CUDA_FORCE_MMA_SYNC"):
+        monkeypatch.delenv(knob, raising=False)
+    gen = torch.Generator().manual_seed(20)
+    dim, lq, max_q_len = 128, 20, 32
+    dlen = torch.tensor([300, 0, 65, 1, 129, 64, 250])
+    q = make_queries((lq, dim), torch.float16, gen, integer=True)
+    v = make_values((int(dlen.sum()), dim), fmt, gen, integer=True)
+    sc = make_scales((int(dlen.sum()),), gen, integer=True)
+    doffs = torch.cat([torch.zeros(1, dtype=torch.int64), dlen.cumsum(0)])
+    n = len(dlen)
+    args = (q.to(CUDA), torch.tensor([0, lq]).to(CUDA), v.to(CUDA), doffs.to(CUDA),
+            torch.zeros(n, dtype=torch.int64, device=CUDA), torch.arange(n, device=CUDA), max_q_len)
+    got = {}
+    for knob in ("default", "0"):
+        if knob == "0":
+            monkeypatch.setenv("MAXSIM_CUDA_HOPPER_BYTES", "0")
+        (scores, argmax), names = kernel_names(lambda: ops.packed_forward(*args, True, sc.to(CUDA)))
+        assert any("hopper_bytes" in name for name in names) == (knob == "default"), (knob, sorted(names))
+        got[knob] = (scores.cpu(), argmax.cpu())
+    assert torch.equal(got["default"][0], got["0"][0]) and torch.equal(got["default"][1], got["0"][1])
+    deq = dequantised(v, sc)
+    for p in range(n):
+        a, b = int(doffs[p]), int(doffs[p + 1])
+        if b == a:
+            assert got["default"][0][p] == 0 and (got["default"][1][p] == -1).all()
+            continue
+        sim = q.double() @ deq[a:b].T
+        assert float(got["default"][0][p]) == float(sim.max(dim=1).values.sum())
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("surface", ("contrastive", "contrastive_padded"))
 def test_sm90a_widening_kernel_runs_and_matches_mma_sync(ops, monkeypatch, surface, fmt):
     """On an H100 / H200 contrastive calls with 64 < dim <= 128 take the wgmma kernel with a

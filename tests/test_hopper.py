@@ -371,9 +371,11 @@ PACKED_SHAPES = [
     ([20, 3, 40, 64], [180] * 7 + [0, 5], 96, 50, 64),
     ([70, 6, 3, 0], [200, 130, 33, 1], 8, None, 150),  # chunks past every query: no rows
     ([1] * 9, [97, 1, 128, 31], 40, 30, None),
+    ([20], [300, 0, 257, 65, 1], 128, None, 32),   # one query, max_q_len past its 20 rows
     # streamed past 128 columns
     ([32, 1, 33, 0], EDGE_LENS + [261], 256, 90, None),
     ([70, 64, 1, 65], [130, 64, 31, 0, 257], 520, None, None),
+    ([9], [300, 130, 0, 64], 256, None, 32),       # one short query, streamed
 ]
 
 

@@ -138,15 +138,18 @@ inline ForwardParams hopper_view(const ForwardParams& p) {
 // Whether the Hopper kernel takes this call (else the caller runs the mma.sync kernels).
 // Contrastive: dim <= 128 runs the resident shapes, anything wider the streamed ones;
 // padded and packed: the streamed shape at any dim. Packed needs max_q_len >= 1 (it sizes
-// the grid's blocks); a max_q_len above the query tensor's rows is left to the mma.sync
-// kernels too, since every pair would walk ceil(max_q_len / 64) chunks, most without rows.
+// the grid's blocks); a max_q_len that adds 64-row chunks beyond the query tensor's rows is
+// left to the mma.sync kernels too, since every pair would walk ceil(max_q_len / 64) chunks,
+// most without rows. (One short query, max_q_len 32 over 20 rows: one chunk either way; its
+// 32-row TMA box reaches past the tensor, and TMA fills those rows with zeros.)
 // The checks every sm_90a kernel shares; hopper_applies adds this kernel's own (16-bit
 // documents), forward_hopper_bytes.cuh and forward_hopper_widen.cuh theirs (compressed ones).
 inline bool hopper_call_fits(const ForwardParams& p) {
   constexpr int64_t kCoordLimit = (int64_t(1) << 31) - 256;  // TMA coordinates are int32
   const bool packed = p.surface == Surface::kPacked;
   const int64_t lq = packed ? p.max_q_len : p.lq;
-  return lq >= 1 && (!packed || lq <= p.q_rows) && p.dim >= 8 && p.dim % 8 == 0 && p.dim < kCoordLimit &&
+  const bool chunks_fit = !packed || (lq + 63) / 64 <= (p.q_rows + 63) / 64;
+  return lq >= 1 && chunks_fit && p.dim >= 8 && p.dim % 8 == 0 && p.dim < kCoordLimit &&
          p.num_queries > 0 && p.num_docs > 0 && p.q_rows > 0 && p.d_rows > 0 && p.q_rows < kCoordLimit &&
          p.d_rows < kCoordLimit && reinterpret_cast<uintptr_t>(p.queries) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(p.documents) % 16 == 0 && !force_mma_sync() &&

@@ -207,6 +207,13 @@ if "bytes" in parts:
         for dtype in (torch.float16, torch.bfloat16):
             for fmt in ("int8", "float8_e4m3fn"):
                 compressed_entry_points(dtype, 128, fmt, lq=29)
+                # one packed query of 5 rows under max_q_len 32: its query box reaches past the tensor
+                dv, ds = maxsim.quantize_documents(rand(400, 128, dtype=torch.float32), fmt)
+                offs = torch.tensor([0, 150, 150, 400], device=dev)
+                maxsim.score_pairs_packed_with_argmax(
+                    rand(5, 128, dtype=dtype), torch.tensor([0, 5], device=dev), dv, offs,
+                    torch.zeros(3, dtype=torch.int32, device=dev), torch.arange(3, device=dev), max_q_len=32,
+                    document_scales=ds)
     os.environ.pop("MAXSIM_CUDA_HOPPER_BYTES")
     os.environ.pop("MAXSIM_CUDA_HOPPER_BYTES_TILE")
 if "grad_documents" in parts:
