@@ -55,6 +55,23 @@ def test_suite_passes_pytest_arguments_and_sets_the_ampere_build(monkeypatch):
     assert "MAXSIM_TEST_AMPERE" not in seen[-1][1]["env"]
 
 
+def test_no_build_still_builds_a_missing_cpu_variant(monkeypatch):
+    """suite --no-build on a machine where only the CUDA variant was built: the CPU one is
+    built (the suite's CPU tests need it); where it exists, nothing is built."""
+    monkeypatch.setattr(CLI, "DRY_RUN", True)
+    seen = []
+    monkeypatch.setattr(CLI, "run", lambda cmd, **kw: seen.append(cmd) or 0)
+    args = CLI.parser().parse_args(["suite", "--no-build"])
+    for built in (False, True):
+        seen.clear()
+        monkeypatch.setattr(CLI, "cpu_variant_built", lambda: built)
+        assert CLI.setup(args, cpu=True) == 0
+        cpu_builds = [c for c in seen if c[-2:] == ["--backend", "cpu"]]
+        assert len(cpu_builds) == (0 if built else 1), (built, seen)
+    seen.clear()
+    assert CLI.setup(args) == 0 and seen == []  # no CPU variant wanted: nothing built
+
+
 def test_ncu_specs_name_a_probe_of_overhead_py(monkeypatch):
     seen = []
     monkeypatch.setattr(CLI, "run", lambda cmd, **kw: seen.append(cmd) or 0)

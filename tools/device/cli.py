@@ -110,7 +110,7 @@ def note(status: int, what: str) -> int:
 def setup(args, *, build: bool = True, cpu: bool = False) -> int:
     """Source setup.sh (the carried wheels, PYTHONPATH, OUT), adopt its environment, print the
     GPU, and build the CUDA variant for args.archs (and the CPU variant where `cpu`) unless
-    --no-build. Returns the exit status."""
+    --no-build (which still builds a missing CPU variant where `cpu`). Returns the exit status."""
     if args.archs == "all":
         os.environ.pop("MAXSIM_CUDA_ARCHS", None)
     else:
@@ -136,10 +136,16 @@ def setup(args, *, build: bool = True, cpu: bool = False) -> int:
                          "--format=csv,noheader"])
     if build:
         serialised_mma_warnings()
-        if cpu and (rc := run([sys.executable, "tools/build.py", "--backend", "cpu"],
-                              log="build_cpu.log", tail=3)) != 0:
+    # The suite's CPU tests need the CPU variant: --no-build on a machine whose earlier call
+    # built only CUDA (a bare build_cuda) still builds it, or every CPU test errors.
+    if cpu and (build or not cpu_variant_built()):
+        if (rc := run([sys.executable, "tools/build.py", "--backend", "cpu"], log="build_cpu.log", tail=3)) != 0:
             return note(rc, "CPU build")
     return 0
+
+
+def cpu_variant_built() -> bool:
+    return any((ROOT / "build").glob("torch*-cpu-*"))
 
 
 def serialised_mma_warnings() -> None:
