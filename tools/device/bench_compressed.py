@@ -132,12 +132,14 @@ def main():
     # The same call on the other kernels: "bytes ms" the sm_90a kernel with the documents as the
     # register operand where it applies (MAXSIM_CUDA_HOPPER_WIDEN=0, MAXSIM_CUDA_HOPPER_BYTES=1;
     # else mma.sync), "mma.sync ms" with MAXSIM_CUDA_FORCE_MMA_SYNC=1 (the Ampere kernels).
-    # BENCH_VARIANTS="name:ENV=V,ENV=V;name2:ENV=V" replaces them (e.g. block shapes behind a knob).
+    # BENCH_VARIANTS="name=ENV=V,ENV=V;name2=ENV=V" replaces them (cli.py's --variant syntax,
+    # ';' between variants; e.g. block shapes behind a knob).
     variants = (("bytes", {"MAXSIM_CUDA_HOPPER_WIDEN": "0", "MAXSIM_CUDA_HOPPER_BYTES": "1"}),
                 ("mma.sync", {"MAXSIM_CUDA_FORCE_MMA_SYNC": "1"}))
     if os.environ.get("BENCH_VARIANTS"):
-        variants = tuple((name, dict(kv.split("=", 1) for kv in settings.split(",") if kv))
-                         for name, _, settings in (v.partition(":") for v in os.environ["BENCH_VARIANTS"].split(";")))
+        from cli import parse_variants  # tools/device, this script's folder
+
+        variants = parse_variants(os.environ["BENCH_VARIANTS"].split(";"))
     print(f"{'workload':<20} {'format':<6} {'ms':>8} {'x fp16':>7} {'TB/s':>6}"
           + "".join(f" {v + ' ms':>12}" for v, _ in variants))
     for name, make in rows:
