@@ -14,6 +14,7 @@ sum of at most Lq terms; argmax must point at a similarity within the bound of t
 Integer-valued inputs with power-of-two scales are exact throughout: there the scores, ties
 (lowest index) and argmax must match exactly.
 """
+import functools
 import importlib
 
 import pytest
@@ -622,6 +623,75 @@ def test_sm90a_kernel_one_short_packed_query(ops, monkeypatch, fmt):
             continue
         sim = q.double() @ deq[a:b].T
         assert float(got["default"][0][p]) == float(sim.max(dim=1).values.sum())
+
+
+def query_runs(n, nq, gen, longest=12):
+    """n pair query ids in runs of one query (1 to `longest` pairs each), as a rerank's pair
+    list holds them; a query may come back after others."""
+    ids = []
+    while len(ids) < n:
+        ids += [int(torch.randint(0, nq, (1,), generator=gen))] * int(torch.randint(1, longest + 1, (1,), generator=gen))
+    return torch.tensor(ids[:n])
+
+
+@pytest.mark.parametrize("surface", ("padded", "packed"))
+def test_sm90a_kernel_runs_of_steps(ops, monkeypatch, surface):
+    """The byte kernel's CTAs take runs of consecutive steps (MAXSIM_CUDA_HOPPER_BYTES_RUN), and
+    on a pair grid consecutive pairs of one query load and permute it once. 1,200 steps, more
+    than a grid holds, so runs of several steps happen; padded: 150 candidates a query; packed:
+    pairs in runs of one query of random length, a query recurring after others, an empty query
+    among them, chunked queries (Lq 100) included. Integer inputs: every run length gives the
+    mma.sync kernels' scores and argmax bit for bit, and those equal the float64 MaxSim."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel needs sm_90a")
+    monkeypatch.delenv("MAXSIM_CUDA_FORCE_MMA_SYNC", raising=False)
+    dim = 128
+    for lq in (24, 48, 100):
+        gen = torch.Generator().manual_seed(lq)
+        if surface == "padded":
+            B, C, Ld = 8, 150, 24
+            q = make_queries((B, lq, dim), torch.float16, gen, integer=True)
+            v = make_values((B, C, Ld, dim), "int8", gen, integer=True)
+            sc = make_scales((B, C, Ld), gen, integer=True)
+            ql, dl = lengths(B, lq, gen, 3), lengths(B * C, Ld, gen).view(B, C)
+            args = (q.to(CUDA), v.to(CUDA), ql.to(CUDA), dl.to(CUDA))
+            pairs = [(b * C + c, q[b, :int(ql[b])], v[b, c, :int(dl[b, c])], sc[b, c, :int(dl[b, c])])
+                     for b in range(B) for c in range(C)]
+            fwd = ops.padded_forward
+        else:
+            nq, nd, P = 6, 300, 1200
+            qlen, dlen = lengths(nq, lq, gen, 4), lengths(nd, 40, gen)
+            qoffs = torch.cat([torch.zeros(1, dtype=torch.int64), qlen.cumsum(0)])
+            doffs = torch.cat([torch.zeros(1, dtype=torch.int64), dlen.cumsum(0)])
+            q = make_queries((int(qoffs[-1]), dim), torch.float16, gen, integer=True)
+            v = make_values((int(doffs[-1]), dim), "int8", gen, integer=True)
+            sc = make_scales((int(doffs[-1]),), gen, integer=True)
+            pq, pd = query_runs(P, nq, gen), torch.randint(0, nd, (P,), generator=gen)
+            args = (q.to(CUDA), qoffs.to(CUDA), v.to(CUDA), doffs.to(CUDA), pq.to(CUDA), pd.to(CUDA), lq)
+            pairs = [(p, q[int(qoffs[pq[p]]):int(qoffs[pq[p] + 1])], v[int(doffs[pd[p]]):int(doffs[pd[p] + 1])],
+                      sc[int(doffs[pd[p]]):int(doffs[pd[p] + 1])]) for p in range(P)]
+            fwd = ops.packed_forward
+        got = {}
+        for run in ("mma.sync", "1", "2", "5"):
+            monkeypatch.setenv("MAXSIM_CUDA_HOPPER_BYTES", "0" if run == "mma.sync" else "1")
+            monkeypatch.setenv("MAXSIM_CUDA_HOPPER_BYTES_RUN", "1" if run == "mma.sync" else run)
+            scores_argmax = functools.partial(fwd, *args, True, sc.to(CUDA))
+            (scores, argmax), names = kernel_names(scores_argmax)
+            assert any("hopper_bytes" in n for n in names) == (run != "mma.sync"), (run, sorted(names))
+            poison(scores)
+            only, _ = fwd(*args, False, sc.to(CUDA))
+            assert torch.equal(only.cpu(), scores.cpu()), (lq, run)
+            got[run] = (scores.cpu().reshape(-1), argmax.cpu().reshape(len(pairs), -1))
+        for run in ("1", "2", "5"):
+            assert torch.equal(got[run][0], got["mma.sync"][0]), (lq, run)
+            assert torch.equal(got[run][1], got["mma.sync"][1]), (lq, run)
+        scores = got["mma.sync"][0]
+        for p, qp, vp, sp in pairs:
+            if qp.shape[0] == 0 or vp.shape[0] == 0:
+                assert float(scores[p]) == (0.0 if qp.shape[0] == 0 else float("-inf")), (lq, p)
+                continue
+            want = (qp.double() @ dequantised(vp, sp).T).max(dim=1).values.sum()
+            assert float(scores[p]) == float(want), (lq, p)
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))

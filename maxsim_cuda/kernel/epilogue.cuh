@@ -83,6 +83,19 @@ __device__ __forceinline__ void merge_shfl(Acc& m, int& idx, int lane_mask) {
   merge(m, idx, m2, i2);
 }
 
+// merge_shfl for the mainloops' lane reductions. A call without argmax (INDEX false: the
+// folds kept no indexes) merges the maxima alone with a NaN-propagating max, the value the
+// full merge gives, at a third of its instructions. A compile-time flag: callers write one
+// loop nest per value (see ColumnMax::to_warp_parts in forward_hopper_bytes.cuh).
+template <bool INDEX, class Acc>
+__device__ __forceinline__ void merge_lanes(Acc& m, int& idx, int lane_mask) {
+  if constexpr (INDEX) {
+    merge_shfl(m, idx, lane_mask);
+  } else {
+    m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, lane_mask));
+  }
+}
+
 // acc + v[0] + v[1] + ... + v[n-1], strictly in that order; loads batched 8 at a time so
 // only the adds are serial.
 template <class Acc>

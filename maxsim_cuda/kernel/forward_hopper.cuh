@@ -140,7 +140,7 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
   int64_t cur_set = -1, qb = 0;
   uint32_t qround = 0;
   bool active = false;
-  for (StepWalk<Policy::kStrided> walk(range, pol.Nb); walk.more(); walk.next()) {
+  for (StepWalk<Policy::kStrided> walk(range, pol.Nb, hp.runs); walk.more(); walk.next()) {
     const int64_t set = walk.set, n = walk.n;
     if (set != cur_set) {
       // every MMA on the old blocks has drained (streamed shapes keep no blocks)
@@ -202,7 +202,7 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
     if (active) {
       const bool ok = (info.flags & kTileOk) != 0;
       const int64_t qlen0 = Policy::kStrided ? int64_t(info.qlen) : epi.seg_qlen[0];
-      row_max.reduce(epi.red_m, epi.red_i, lane, warp, 0);
+      row_max.reduce(epi.red_m, epi.red_i, lane, warp, 0, hp.ep.with_argmax);
       if (hp.nchunks > 1) {
         // The block's query and chunk, derived here rather than kept across the tile loop:
         // two int64 fewer live there is what keeps the three-consumer streamed shape
@@ -251,7 +251,7 @@ cudaError_t run_forward_hopper(const ForwardParams& p, const Policy& pol, const 
     return cudaSuccess;  // not taken: the mma.sync kernels run instead
   }
   if (!kBounded) tmap = dmap;
-  return launch_hopper<Shape, maxsim_forward_hopper_kernel<T, Shape, Policy>>(p, pol, ep, ran, qmap, dmap, tmap);
+  return launch_hopper<Shape, maxsim_forward_hopper_kernel<T, Shape, Policy>>(p, pol, ep, ran, 1, qmap, dmap, tmap);
 }
 
 }  // namespace kernel

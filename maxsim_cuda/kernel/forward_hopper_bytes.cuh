@@ -23,6 +23,10 @@
 // as widen_word's (lo, hi). The query gets the same permutation: at each new query the
 // consumers copy the raw TMA block (two query buffers, so the producer loads the next one
 // while this one is scored) into the permuted, swizzled B block, 4-byte pairs at a time.
+// A new query is the producer's call (kTileQuery on the step's first tile): a CTA walks runs
+// of consecutive steps (hopper_bytes_run), and the steps of a run that share their query
+// (a padded query's candidates; a pair list's consecutive pairs of one query) load and
+// permute it once.
 // Columns past dim are zeros in both operands (TMA fills them), so dim <= 128 takes the same
 // eight k-steps; dim <= 64 would load an all-outside query box and stays with mma.sync.
 //
@@ -67,6 +71,7 @@ struct HopperByteShape {
   static constexpr uint32_t kScaleOffset = kDocBytes;
   static constexpr uint32_t kSlotBytes = kDocBytes + 1024;  // the scales, keeping slots 1024-aligned
   static constexpr int kQueryBufs = 2;
+  static constexpr bool kQueryReuse = true;  // a query is loaded and permuted at kTileQuery only
   static constexpr bool kWiden = false;
   static constexpr int kEmptyArrivals = 128;
   struct ConsumerSmem {
@@ -170,6 +175,25 @@ struct ColumnMax {
     index ? fold<H0, H, MASK, true>(acc, sc, row0, left, col_base)
           : fold<H0, H, MASK, false>(acc, sc, row0, left, col_base);
   }
+  // The warp's maxima of each column over its lanes' rows (merge_lanes across the eight
+  // lanes of a column), written by the lanes of row group 0 into the warp's parts. One loop
+  // nest per INDEX: one nest branching on a runtime flag at every merge built to a kernel
+  // whose argmax form lost lanes 4-7's rows on an H200 (2026-11-26; the score-only form was
+  // right, and the same source with an unrelated branch added was right too). Cause not found.
+  template <bool INDEX>
+  __device__ __forceinline__ void to_warp_parts(float* part_m, int* part_i, int g, int t4) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+#pragma unroll
+        for (int o = 4; o < 32; o *= 2) merge_lanes<INDEX>(m[nt][e], idx[nt][e], o);
+        if (g == 0) {
+          part_m[nt * 8 + 2 * t4 + e] = m[nt][e];
+          if (INDEX) part_i[nt * 8 + 2 * t4 + e] = idx[nt][e];
+        }
+      }
+  }
 };
 
 template <class T, DocFormat F, class Shape, class Policy>
@@ -183,19 +207,22 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
   const WarpgroupSync sync{1};
   const uint32_t perm = smem_addr(sm.qperm);
   const int row0 = warp * 16 + g;  // this thread's first row of a tile (then + 8, + 64, + 72)
+  const bool index = hp.ep.with_argmax;
   ColumnMax<NT> cm;
   float carry = 0.f;
   int it = 0;
   int64_t cur_set = -1, query = 0, chunk = 0;
   uint32_t qround = 0;
-  for (StepWalk<true> walk(range, pol.Nb); walk.more(); walk.next()) {
+  for (StepWalk<true> walk(range, pol.Nb, hp.runs); walk.more(); walk.next()) {
     const int64_t qb = walk.set, n = walk.n;  // one 64-row block per set
-    if (qb != cur_set) {
+    if (hp.nchunks > 1 && qb != cur_set) {
       cur_set = qb;
-      if (hp.nchunks > 1) {
-        query = div_nonneg(qb, hp.nchunks);
-        chunk = qb - query * hp.nchunks;
-      }
+      query = div_nonneg(qb, hp.nchunks);
+      chunk = qb - query * hp.nchunks;
+    }
+    int left;
+    TileInfo info = next_tile(sm.ring, it, BN, left);
+    if (info.flags & kTileQuery) {  // the producer loaded a new query for this step
       const int buf = static_cast<int>(qround % 2);
       mbar_wait(smem_addr(&sm.qfull[buf]), (qround / 2) & 1);
       ++qround;
@@ -206,14 +233,12 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
       sync();
     }
     cm.reset();
-    TileInfo info;
-    do {
+    for (;; info = next_tile(sm.ring, it, BN, left)) {
       const int stage = it % S;
-      int left;
-      info = next_tile(sm.ring, it, BN, left);
       if (left <= 0) {
         mbar_arrive(smem_addr(&sm.ring.empty[stage]));
         ++it;
+        if (info.flags & kTileLast) break;
         continue;
       }
       constexpr int HV = Shape::kHalves;
@@ -235,7 +260,6 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
       mbar_arrive(smem_addr(&sm.ring.empty[stage]));  // the slot's bytes and scales are in registers
       ++it;
       const int col_base = info.tile * BN + row0;
-      const bool index = hp.ep.with_argmax;
       if constexpr (N == 32 && HV == 2) {
         // both halves' MMAs in flight, one fold over the thread's four rows
         float acc[2][NT][4];
@@ -294,33 +318,12 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
           }
         }
       }
-    } while (!(info.flags & kTileLast));
-    // The step's column maxima: over the eight lanes of a column, then over the four warps;
-    // a call without argmax merges the maxima alone (a NaN-propagating max: the same value).
-    if (hp.ep.with_argmax) {
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          merge_shfl(cm.m[nt][e], cm.idx[nt][e], 4);
-          merge_shfl(cm.m[nt][e], cm.idx[nt][e], 8);
-          merge_shfl(cm.m[nt][e], cm.idx[nt][e], 16);
-          if (g == 0) {
-            sm.part_m[warp][nt * 8 + 2 * t4 + e] = cm.m[nt][e];
-            sm.part_i[warp][nt * 8 + 2 * t4 + e] = cm.idx[nt][e];
-          }
-        }
-    } else {
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float m = cm.m[nt][e];
-#pragma unroll
-          for (int o = 4; o < 32; o *= 2) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
-          if (g == 0) sm.part_m[warp][nt * 8 + 2 * t4 + e] = m;
-        }
+      if (info.flags & kTileLast) break;
     }
+    // The step's column maxima: over the eight lanes of a column, then over the four warps
+    // (a call without argmax merges the maxima alone).
+    index ? cm.template to_warp_parts<true>(sm.part_m[warp], sm.part_i[warp], g, t4)
+          : cm.template to_warp_parts<false>(sm.part_m[warp], sm.part_i[warp], g, t4);
     sync();
     if (tid < 64) {
       float m = neg_inf<float>();
@@ -405,6 +408,17 @@ inline bool hopper_bytes_short_tiles(const ForwardParams& p) {
   return average_doc_rows(p) < 512;
 }
 
+// Consecutive steps a CTA takes at a time (StepWalk<true>): a run of documents of one query
+// loads and permutes the query once (padded grids: candidates of one query; pair grids: the
+// producer sees the same query rows, kQueryReuse). MAXSIM_CUDA_HOPPER_BYTES_RUN=K forces K
+// (read per call).
+constexpr int64_t kHopperBytesRun = 4;
+inline int64_t hopper_bytes_run(const ForwardParams&) {
+  const char* e = std::getenv("MAXSIM_CUDA_HOPPER_BYTES_RUN");
+  if (e != nullptr && e[0] >= '1' && e[0] <= '9') return std::atoi(e);
+  return kHopperBytesRun;
+}
+
 template <class T, DocFormat F, class Shape, class Policy>
 cudaError_t run_forward_hopper_bytes(const ForwardParams& p, const Policy& pol, const EpilogueArgs& ep, bool& ran) {
   ran = false;
@@ -415,7 +429,8 @@ cudaError_t run_forward_hopper_bytes(const ForwardParams& p, const Policy& pol, 
       !scales_map(smap, p.doc_scales, p.d_rows, Shape::kScaleBox)) {
     return cudaSuccess;  // not taken: the mma.sync kernels run instead
   }
-  return launch_hopper<Shape, maxsim_forward_hopper_bytes_kernel<T, F, Shape, Policy>>(p, pol, ep, ran, qmap, dmap,
+  return launch_hopper<Shape, maxsim_forward_hopper_bytes_kernel<T, F, Shape, Policy>>(p, pol, ep, ran,
+                                                                                        hopper_bytes_run(p), qmap, dmap,
                                                                                         tmap, smap);
 }
 

@@ -49,6 +49,7 @@ struct HopperWidenShape {
   static constexpr uint32_t kScaleOffset = kDocBytes;
   static constexpr uint32_t kSlotBytes = kDocBytes + 1024;
   static constexpr int kQueryBufs = 1;
+  static constexpr bool kQueryReuse = false;
   static constexpr bool kWiden = true;
   static constexpr int kEmptyArrivals = kWidenThreads;
   // the widened ring: the 16-bit tile, then its 128 row scales
@@ -88,7 +89,7 @@ __device__ __forceinline__ void hopper_widen(HopperSmem<Shape>& sm, const Hopper
     dst_hi[p] = uint32_t((c / 4) * BN * 128 + r0 * 128 + (((j + 1) ^ x) * 16));
   }
   int it = 0;
-  for (StepWalk<Policy::kStrided> walk(range, hp.pol.Nb); walk.more(); walk.next()) {
+  for (StepWalk<Policy::kStrided> walk(range, hp.pol.Nb, hp.runs); walk.more(); walk.next()) {
     TileInfo info;
     do {
       const int stage = it % S, ws = it % W;
@@ -175,7 +176,7 @@ cudaError_t run_forward_hopper_widen(const ForwardParams& p, const Policy& pol, 
       !scales_map(smap, p.doc_scales, p.d_rows, Shape::kScaleBox)) {
     return cudaSuccess;  // not taken: the mma.sync kernels run instead
   }
-  return launch_hopper<Shape, maxsim_forward_hopper_widen_kernel<T, Shape, Policy>>(p, pol, ep, ran, qmap, dmap, dmap,
+  return launch_hopper<Shape, maxsim_forward_hopper_widen_kernel<T, Shape, Policy>>(p, pol, ep, ran, 1, qmap, dmap, dmap,
                                                                                     smap);
 }
 

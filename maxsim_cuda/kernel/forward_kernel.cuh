@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(ML::kThreads, ML::kMinBlocks)
                  a.ep.with_argmax);
     }
     if (cons.tile + 1 == cons.ntiles && last_k) {
-      ml.reduce(epi.red_m, epi.red_i);
+      ml.reduce(epi.red_m, epi.red_i, a.ep.with_argmax);
       finish_chunk<Acc, BM, ML::kSlots, ML::kThreads>(epi, cons.d, cons.chunk, cons.nchunks, carry, a.ep);
     }
     cons.advance(pol);

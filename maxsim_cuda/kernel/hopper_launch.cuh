@@ -209,10 +209,12 @@ inline HopperBlocks hopper_blocks(const ForwardParams& p) {
   return {(p.num_queries + g - 1) / g, 1};
 }
 
-// The launch both kernels share (maps: their tensor maps, passed on as kernel arguments).
-// (The kernel is a template argument: the occupancy cache below is per kernel.)
+// The launch the sm_90a kernels share (maps: their tensor maps, passed on as kernel
+// arguments; the kernel is a template argument: the occupancy cache below is per kernel).
+// run: on a strided walk, about how many consecutive steps a CTA takes at a time (1: every
+// step a grid apart).
 template <class Shape, auto kKernel, class Policy, class... Maps>
-cudaError_t launch_hopper(const ForwardParams& p, const Policy& pol, const EpilogueArgs& ep, bool& ran,
+cudaError_t launch_hopper(const ForwardParams& p, const Policy& pol, const EpilogueArgs& ep, bool& ran, int64_t run,
                           const Maps&... maps) {
   const auto kern = kKernel;
   static_assert(Shape::BM == 64, "hopper_blocks counts 64-row blocks");
@@ -240,6 +242,10 @@ cudaError_t launch_hopper(const ForwardParams& p, const Policy& pol, const Epilo
   cudaError_t err = resident_ctas<kKernel>(Shape::kThreads, smem, Shape::kCtasPerSm, occ);
   if (err != cudaSuccess) return err;
   const int64_t ctas = plan_ctas(steps, p.num_sms, occ);
+  // runs of one step: ceil(steps / ctas) rounds; else the rounds nearest to runs of `run`
+  int64_t rounds = run <= 1 ? (steps + ctas - 1) / ctas : (steps + ctas * run / 2) / (ctas * run);
+  if (rounds < 1) rounds = 1;
+  hp.runs = strided_runs(steps, ctas, rounds);
   // Long queries' chunk sums: stream-ordered scratch (capturable in a CUDA graph).
   const size_t partial_bytes = hp.nchunks > 1 ? size_t(hp.blocks) * size_t(pol.Nb) * sizeof(float) : 0;
   if (partial_bytes > 0) {

@@ -47,6 +47,7 @@ struct HopperShape {
   static constexpr uint32_t kScaleBytes = 0;    // per slot, after the tile
   static constexpr uint32_t kScaleOffset = kSlotBytes;
   static constexpr int kQueryBufs = 1;          // resident query buffers (ring)
+  static constexpr bool kQueryReuse = false;    // pair grids: consecutive pairs of one query load it once
   static constexpr bool kWiden = false;         // a widening stage between the rings
   static constexpr int kEmptyArrivals = kConsumers * 128;  // arrivals that free a producer slot
   static_assert(KD % 64 == 0 && KB >= 1 && KB <= 2, "KD");
@@ -62,7 +63,9 @@ struct TileInfo {
   int32_t qlen;      // strided walks (a query per step): the query's length (policy qlen_of)
   int32_t scale_shift;  // byte shape: where the tile's first row scale sits in the slot's scales
 };
-constexpr int32_t kTileOk = 1, kTileLast = 2;
+// kTileQuery: the step's first tile, when the producer loaded the step a new query (the byte
+// shape's consumers wait for it and permute it; the other shapes load one at every set).
+constexpr int32_t kTileOk = 1, kTileLast = 2, kTileQuery = 4;
 
 // The resident shapes' query blocks (streamed shapes keep theirs in the ring slots).
 template <class Shape, bool = Shape::kStream>

@@ -62,13 +62,13 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
   prefetch_tensormap(dmap);
   if constexpr (Policy::kBoundedLoads) prefetch_tensormap(tmap);
   if constexpr (Shape::kScaleBytes > 0) prefetch_tensormap(smap);
-  StepWalk<Policy::kStrided> walk(range, pol.Nb);
+  StepWalk<Policy::kStrided> walk(range, pol.Nb, hp.runs);
   // A step's index reads, made a step ahead: the document's rows, and on a strided walk
   // (a query per step) the query's length, which travels in the TileInfo instead of being
   // read by the consumers per step (a global read and two warpgroup barriers in front of
   // every step's first tile). A pair grid reads the query's first row here too, from the
-  // pair's ids, which it reads a step earlier still (ids2, for step s2), so that no read
-  // waits for another within a step.
+  // pair's ids, which it reads a step earlier still (ids2, for walk2's step), so that no
+  // read waits for another within a step.
   struct Ahead {
     int64_t row0 = 0, len = 0, qrow0 = 0;
     int32_t qlen = 0;
@@ -92,21 +92,22 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
     return a;
   };
   Ahead next;
-  [[maybe_unused]] int64_t s2 = 0;
+  StepWalk<Policy::kStrided> walk2 = walk;  // pair grids: the step after walk's
+  walk2.next();
   auto ids2 = [&] {
     if constexpr (Policy::kPairRows) {
       // a pair grid's step s is block s (Nb = 1, one consumer)
       next = read_pair(pol.pair_ids(block_query(hp, walk.s)));
-      s2 = walk.s + gridDim.x;
-      return pol.pair_ids(block_query(hp, s2 < walk.end ? s2 : walk.s));
+      return pol.pair_ids(block_query(hp, walk2.more() ? walk2.s : walk.s));
     } else {
       next = read_ahead(walk.set, walk.n);
       return 0;
     }
   }();
   // Pair grids: the current block's first query row and its 32-row boxes (0: the chunk
-  // holds no query rows, and its document is not loaded).
-  int qrow = 0, qboxes = 0;
+  // holds no query rows, and its document is not loaded). Shape::kQueryReuse: the rows the
+  // query buffers last received, so that consecutive pairs of one query load it once.
+  int qrow = 0, qboxes = 0, loaded_qrow = -1, loaded_qboxes = -1;
   // Query block g of the set, K-block at column x, into dst (the boxes query_boxes counts).
   auto load_query = [&](uint32_t dst, uint32_t bar, int g, int x) {
     if constexpr (Policy::kPairRows) {
@@ -130,12 +131,13 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
     if (walk.more()) {  // consumed one iteration later
       if constexpr (Policy::kPairRows) {
         next = read_pair(ids2);
-        s2 += gridDim.x;
-        if (s2 < walk.end) ids2 = pol.pair_ids(block_query(hp, s2));
+        walk2.next();
+        if (walk2.more()) ids2 = pol.pair_ids(block_query(hp, walk2.s));
       } else {
         next = read_ahead(walk.set, walk.n);
       }
     }
+    bool new_query = false;  // this step's first tile tells the consumers (kTileQuery)
     if (this_set != cur_set) {
       first = this_set * C;
       blocks = static_cast<int>(hp.blocks - first < C ? hp.blocks - first : C);
@@ -152,19 +154,27 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
                                           : Shape::kQueryBlockBytes / KB;
         }
       }
+      new_query = true;
+      if constexpr (Shape::kQueryReuse && Policy::kPairRows) {
+        new_query = qrow != loaded_qrow || qboxes != loaded_qboxes;
+        loaded_qrow = qrow;
+        loaded_qboxes = qboxes;
+      }
       if constexpr (!Shape::kStream) {
-        // round r fills buffer r % kQueryBufs once the consumers released its round r - kQueryBufs
-        // (a fresh barrier passes the first wait)
-        constexpr int QB = Shape::kQueryBufs;
-        const int qbuf = static_cast<int>(qround % QB);
-        mbar_wait(smem_addr(&sm.qempty[qbuf]), ((qround / QB) & 1) ^ 1);
-        ++qround;
-        mbar_arrive_expect_tx(smem_addr(&sm.qfull[qbuf]), KB * qbytes);
-        for (int g = 0; g < blocks; ++g) {
+        if (new_query) {
+          // round r fills buffer r % kQueryBufs once the consumers released its round
+          // r - kQueryBufs (a fresh barrier passes the first wait)
+          constexpr int QB = Shape::kQueryBufs;
+          const int qbuf = static_cast<int>(qround % QB);
+          mbar_wait(smem_addr(&sm.qempty[qbuf]), ((qround / QB) & 1) ^ 1);
+          ++qround;
+          mbar_arrive_expect_tx(smem_addr(&sm.qfull[qbuf]), KB * qbytes);
+          for (int g = 0; g < blocks; ++g) {
 #pragma unroll
-          for (int kb = 0; kb < KB; ++kb) {
-            load_query(smem_addr(sm.query[qbuf][g]) + kb * (Shape::kQueryBlockBytes / KB), smem_addr(&sm.qfull[qbuf]), g,
-                       kb * 64);
+            for (int kb = 0; kb < KB; ++kb) {
+              load_query(smem_addr(sm.query[qbuf][g]) + kb * (Shape::kQueryBlockBytes / KB),
+                         smem_addr(&sm.qfull[qbuf]), g, kb * 64);
+            }
           }
         }
       }
@@ -185,7 +195,9 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
           (boxes > 0 ? Shape::kDocBlocks * uint32_t(boxes) * kBoxBytes : Shape::kDocBytes) + Shape::kScaleBytes;
       const uint32_t tx = !data ? 0u : (Shape::kStream ? qbytes : 0u) + dbytes;
       const TileInfo info{cur_n, cur_len, static_cast<int32_t>(t),
-                          (cur_ok ? kTileOk : 0) | (t + 1 == ntiles ? kTileLast : 0), cur_qlen, drow & 3};
+                          (cur_ok ? kTileOk : 0) | (t + 1 == ntiles ? kTileLast : 0) |
+                              (t == 0 && new_query ? kTileQuery : 0),
+                          cur_qlen, drow & 3};
       for (int kc = 0; kc < nk; ++kc, ++it) {
         const int stage = it % S;
         const uint32_t full = smem_addr(&sm.ring.full[stage]), slot = smem_addr(sm.ring.slot[stage]);

@@ -85,14 +85,20 @@ struct MmaRowMax {
       }
   }
 
-  // Quad shuffle, then one partial per (row, wn) into shared memory.
-  __device__ __forceinline__ void reduce(float* red_m, int* red_i, int lane, int wm, int wn) {
-    const int g = lane / 4, t4 = lane % 4;
+  template <bool INDEX>
+  __device__ __forceinline__ void merge_quads() {
 #pragma unroll
     for (int k = 0; k < MT * 2; ++k) {
-      merge_shfl(m[k], idx[k], 1);
-      merge_shfl(m[k], idx[k], 2);
+      merge_lanes<INDEX>(m[k], idx[k], 1);
+      merge_lanes<INDEX>(m[k], idx[k], 2);
     }
+  }
+
+  // Quad shuffle (merge_lanes: the maxima alone without argmax), then one partial per
+  // (row, wn) into shared memory.
+  __device__ __forceinline__ void reduce(float* red_m, int* red_i, int lane, int wm, int wn, bool index) {
+    index ? merge_quads<true>() : merge_quads<false>();
+    const int g = lane / 4, t4 = lane % 4;
     if (t4 == 0) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
@@ -506,7 +512,9 @@ struct MmaMainloop {
     scale_columns<F>(acc, base + uint32_t(BN * KD), wn * NTW + 2 * t4);
   }
 
-  __device__ __forceinline__ void reduce(float* red_m, int* red_i) { row_max.reduce(red_m, red_i, lane, wm, wn); }
+  __device__ __forceinline__ void reduce(float* red_m, int* red_i, bool index) {
+    row_max.reduce(red_m, red_i, lane, wm, wn, index);
+  }
 };
 
 }  // namespace kernel

@@ -167,7 +167,9 @@ struct MmaKMainloop {
     }
   }
 
-  __device__ __forceinline__ void reduce(float* red_m, int* red_i) { row_max.reduce(red_m, red_i, lane, wm, wn); }
+  __device__ __forceinline__ void reduce(float* red_m, int* red_i, bool index) {
+    row_max.reduce(red_m, red_i, lane, wm, wn, index);
+  }
 };
 
 }  // namespace kernel

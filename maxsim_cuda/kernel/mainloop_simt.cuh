@@ -208,14 +208,18 @@ struct SimtMainloop {
       }
   }
 
-  __device__ __forceinline__ void reduce(Acc* red_m, int* red_i) {
+  template <bool INDEX>
+  __device__ __forceinline__ void merge_rows() {
 #pragma unroll
-    for (int r = 0; r < TM; ++r) {
-      merge_shfl(m[r], idx[r], 1);
-      merge_shfl(m[r], idx[r], 2);
-      merge_shfl(m[r], idx[r], 4);
-      merge_shfl(m[r], idx[r], 8);
-    }
+    for (int r = 0; r < TM; ++r)
+#pragma unroll
+      for (int o = 1; o < 16; o *= 2) merge_lanes<INDEX>(m[r], idx[r], o);
+  }
+
+  // The 16 lanes of a row (merge_lanes: the maxima alone without argmax), then one partial
+  // per row into shared memory.
+  __device__ __forceinline__ void reduce(Acc* red_m, int* red_i, bool index) {
+    index ? merge_rows<true>() : merge_rows<false>();
     if (tx == 0) {
 #pragma unroll
       for (int r = 0; r < TM; ++r) {

@@ -78,6 +78,8 @@ __device__ __forceinline__ float max_nan(float a, float b) {
   asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
   return r;
 }
+// (PTX has no max.NaN.f64: a NaN operand makes the sum NaN.)
+__device__ __forceinline__ double max_nan(double a, double b) { return (a != a || b != b) ? a + b : fmax(a, b); }
 
 // Raw 16-bit loads (no conversion) for packing mma fragments.
 template <class T>
