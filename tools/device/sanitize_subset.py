@@ -3,7 +3,8 @@ on ragged inputs with odd sizes (partial tiles), empty segments and a bad pair i
 documents, with int8 / float8 ones and with residual (ColBERTv2) codes including bad codes; then the
 half-precision padded and packed calls again with the sm_90a kernel forced on them (by
 default it takes only long documents or dim > 128), in both of its padded shapes; the sm_90a
-kernel for compressed documents forced, in each of its tile shapes; then every
+kernel for compressed documents forced, in each of its tile shapes and with runs of several
+steps a CTA (a query loaded once a run); then every
 gradient again with grad_documents' sorted kernel forced (by default it takes only documents
 with many entries a row), plus a contrastive step whose documents take several batches of it.
 
@@ -214,8 +215,27 @@ if "bytes" in parts:
                     rand(5, 128, dtype=dtype), torch.tensor([0, 5], device=dev), dv, offs,
                     torch.zeros(3, dtype=torch.int32, device=dev), torch.arange(3, device=dev), max_q_len=32,
                     document_scales=ds)
-    os.environ.pop("MAXSIM_CUDA_HOPPER_BYTES")
     os.environ.pop("MAXSIM_CUDA_HOPPER_BYTES_TILE")
+    # runs of several steps a CTA (more steps than CTA slots), one query load a run: a padded
+    # grid of 4 queries x 300 ragged candidates, and 1,200 packed pairs in runs of one query
+    dv, ds = maxsim.quantize_documents(rand(4, 300, 24, 128, dtype=torch.float32), "int8")
+    qlen = torch.tensor([29, 0, 17, 32], device=dev)
+    dlen = torch.randint(0, 25, (4, 300), device=dev)
+    pdv, pds = maxsim.quantize_documents(rand(300 * 24, 128, dtype=torch.float32), "int8")
+    poffs = torch.arange(0, 300 * 24 + 1, 24, device=dev)
+    pq = torch.arange(6, device=dev).repeat_interleave(200) % 4
+    for run in ("2", "5"):
+        os.environ["MAXSIM_CUDA_HOPPER_BYTES_RUN"] = run
+        for dtype in (torch.float16, torch.bfloat16):
+            q = rand(4, 32, 128, dtype=dtype)
+            maxsim.score_candidates_padded(q, dv, qlen, dlen, document_scales=ds)
+            maxsim.score_candidates_padded_with_argmax(q, dv, qlen, dlen, document_scales=ds)
+            qp = rand(78, 128, dtype=dtype)
+            qoffs = torch.tensor([0, 29, 29, 46, 78], device=dev)
+            maxsim.score_pairs_packed_with_argmax(qp, qoffs, pdv, poffs, pq, torch.arange(1200, device=dev) % 300,
+                                                  max_q_len=32, document_scales=pds)
+    os.environ.pop("MAXSIM_CUDA_HOPPER_BYTES_RUN")
+    os.environ.pop("MAXSIM_CUDA_HOPPER_BYTES")
 if "grad_documents" in parts:
     for knob in ("MAXSIM_CUDA_HOPPER_PADDED", "MAXSIM_CUDA_HOPPER_PACKED", "MAXSIM_CUDA_HOPPER_PADDED_CTAS"):
         os.environ.pop(knob, None)  # the forward as by default
