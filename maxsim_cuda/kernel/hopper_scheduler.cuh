@@ -12,10 +12,6 @@
 namespace maxsim_cuda {
 namespace kernel {
 
-// 64-row query blocks. Lq <= 64: the policy's blocks of G stacked queries (nchunks = 1).
-// Lq > 64: block b is chunk b % nchunks of query b / nchunks (G = 1); each chunk's row
-// maxima sum into partial[(q * nchunks + c) * Nb + n] and sum_query_chunks adds a query's
-// chunks in order.
 // The strided walk's runs (StepWalk<true>): `count` runs of consecutive steps, run c holding
 // per_run steps and one more for c < extra. Made on the host (strided_runs).
 struct StridedRuns {
@@ -30,6 +26,10 @@ inline StridedRuns strided_runs(int64_t steps, int64_t ctas, int64_t rounds) {
   return r;
 }
 
+// 64-row query blocks. Lq <= 64: the policy's blocks of G stacked queries (nchunks = 1).
+// Lq > 64: block b is chunk b % nchunks of query b / nchunks (G = 1); each chunk's row
+// maxima sum into partial[(q * nchunks + c) * Nb + n] and sum_query_chunks adds a query's
+// chunks in order.
 template <class Policy>
 struct HopperParams {
   Policy pol;          // built for 64-row blocks
@@ -59,8 +59,8 @@ __device__ __forceinline__ int64_t block_query(const HopperParams<Policy>& hp, i
 // The steps (set, document) a CTA walks, set-major. Contiguous: the CTA's range of
 // consecutive steps, so a set's blocks stay for a run of documents (no divide per step).
 // Strided (the padded and packed grids): the steps are cut into gridDim * rounds runs of
-// consecutive steps, equal to one step (a run c holds total / runs steps, one more for
-// c < total % runs), and CTA b walks runs b, b + gridDim, ...: the CTAs stream neighbouring
+// consecutive steps, of equal length to within one step (run c holds total / runs steps, one
+// more for c < total % runs), and CTA b walks runs b, b + gridDim, ...: the CTAs stream neighbouring
 // documents at the same time (measured: the contiguous split's 132 separate streams reach
 // ~72% of HBM bandwidth), and a CTA meets the same query for a run's consecutive documents.
 // rounds = ceil(total / gridDim) makes every run one step: steps blockIdx, + gridDim, ...
