@@ -695,6 +695,77 @@ def test_sm90a_kernel_runs_of_steps(ops, monkeypatch, surface):
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("surface", ("padded", "packed"))
+def test_sm90a_kernel_split_steps(ops, monkeypatch, surface, fmt):
+    """Lq > 32 with fewer steps than SMs: two consumer warpgroups of a CTA split each step's
+    tiles by parity (MAXSIM_CUDA_HOPPER_BYTES_SPLIT=1; =0 the one-warpgroup shape). Documents
+    of 0 to 6 tiles (one tile: the second warpgroup has none; lengths at tile edges), empty
+    queries, 64-row chunks (Lq 100), a query recurring after others on the pair list, and more
+    steps than SMs once (the CTAs then walk several steps, and meet a new query between two
+    steps of one run). Integer inputs: split, unsplit and the mma.sync kernels agree bit for
+    bit, argmax included, and equal the float64 MaxSim; the max-only form equals the scores."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel needs sm_90a")
+    monkeypatch.delenv("MAXSIM_CUDA_FORCE_MMA_SYNC", raising=False)
+    dim = 128
+    edges = torch.tensor([0, 1, 127, 128, 129, 256, 640, 700])
+    for lq, count in ((48, 40), (100, 30), (64, 400)):
+        gen = torch.Generator().manual_seed(lq + count)
+        if surface == "padded":
+            B, Ld = 4, 700
+            C = count // B
+            q = make_queries((B, lq, dim), torch.float16, gen, integer=True)
+            v = make_values((B, C, Ld, dim), fmt, gen, integer=True)
+            sc = make_scales((B, C, Ld), gen, integer=True)
+            ql = lengths(B, lq, gen, 3)
+            at_edges = edges[torch.randint(0, len(edges), (B * C,), generator=gen)]
+            dl = torch.where(torch.rand(B * C, generator=gen) < 0.5, at_edges,
+                             torch.randint(0, Ld + 1, (B * C,), generator=gen)).view(B, C)
+            args = (q.to(CUDA), v.to(CUDA), ql.to(CUDA), dl.to(CUDA))
+            pairs = [(b * C + c, q[b, :int(ql[b])], v[b, c, :int(dl[b, c])], sc[b, c, :int(dl[b, c])])
+                     for b in range(B) for c in range(C)]
+            fwd = ops.padded_forward
+        else:
+            nq, nd, P = 5, 40, count
+            qlen = lengths(nq, lq, gen, 4)
+            at_edges = edges[torch.randint(0, len(edges), (nd,), generator=gen)]
+            dlen = torch.where(torch.rand(nd, generator=gen) < 0.5, at_edges,
+                               torch.randint(0, 701, (nd,), generator=gen))
+            qoffs = torch.cat([torch.zeros(1, dtype=torch.int64), qlen.cumsum(0)])
+            doffs = torch.cat([torch.zeros(1, dtype=torch.int64), dlen.cumsum(0)])
+            q = make_queries((int(qoffs[-1]), dim), torch.float16, gen, integer=True)
+            v = make_values((int(doffs[-1]), dim), fmt, gen, integer=True)
+            sc = make_scales((int(doffs[-1]),), gen, integer=True)
+            pq, pd = query_runs(P, nq, gen, 4), torch.randint(0, nd, (P,), generator=gen)
+            args = (q.to(CUDA), qoffs.to(CUDA), v.to(CUDA), doffs.to(CUDA), pq.to(CUDA), pd.to(CUDA), lq)
+            pairs = [(p, q[int(qoffs[pq[p]]):int(qoffs[pq[p] + 1])], v[int(doffs[pd[p]]):int(doffs[pd[p] + 1])],
+                      sc[int(doffs[pd[p]]):int(doffs[pd[p] + 1])]) for p in range(P)]
+            fwd = ops.packed_forward
+        got = {}
+        for split in ("mma.sync", "0", "1"):
+            monkeypatch.setenv("MAXSIM_CUDA_HOPPER_BYTES", "0" if split == "mma.sync" else "1")
+            monkeypatch.setenv("MAXSIM_CUDA_HOPPER_BYTES_SPLIT", "0" if split == "mma.sync" else split)
+            scores_argmax = functools.partial(fwd, *args, True, sc.to(CUDA))
+            (scores, argmax), names = kernel_names(scores_argmax)
+            assert any("hopper_bytes" in n for n in names) == (split != "mma.sync"), (split, sorted(names))
+            poison(scores)
+            only, _ = fwd(*args, False, sc.to(CUDA))
+            differ = only.cpu() != scores.cpu()
+            assert torch.equal(only.cpu(), scores.cpu()), (lq, split, differ.nonzero()[:8].tolist())
+            got[split] = (scores.cpu().reshape(-1), argmax.cpu().reshape(len(pairs), -1))
+        for split in ("0", "1"):
+            assert torch.equal(got[split][0], got["mma.sync"][0]), (lq, split)
+            assert torch.equal(got[split][1], got["mma.sync"][1]), (lq, split)
+        scores = got["1"][0]
+        for p, qp, vp, sp in pairs:
+            if qp.shape[0] == 0 or vp.shape[0] == 0:
+                assert float(scores[p]) == (0.0 if qp.shape[0] == 0 else float("-inf")), (lq, p)
+                continue
+            want = (qp.double() @ dequantised(vp, sp).T).max(dim=1).values.sum()
+            assert float(scores[p]) == float(want), (lq, p)
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("surface", ("contrastive", "contrastive_padded"))
 def test_sm90a_widening_kernel_runs_and_matches_mma_sync(ops, monkeypatch, surface, fmt):
     """On an H100 / H200 contrastive calls with 64 < dim <= 128 take the wgmma kernel with a

@@ -317,7 +317,9 @@ struct CompressedKConfig<T, 128, F> { using type = MmaKMainloop<T, 128, 64, 4, 2
 // sm_90a, padded and packed, 64 < dim <= 128: the wgmma kernel with the documents as the
 // register operand (forward_hopper_bytes.cuh); 32 query rows for Lq <= 32 (4 stages; 64-row
 // tiles and 3 CTAs per SM, or 128-row tiles and 2 for long documents: hopper_bytes_short_tiles),
-// else 64-row chunks (3 stages, 128-row tiles). ran = false leaves the call to mma.sync.
+// else 64-row chunks (3 stages, 128-row tiles; for calls of at most a step an SM, one CTA an
+// SM whose two consumer warpgroups split each step: hopper_bytes_split, 8 stages). ran = false
+// leaves the call to mma.sync.
 template <class T, DocFormat F, int SURF>
 cudaError_t try_forward_hopper_bytes(const ForwardParams& p, bool& ran) {
   ran = false;
@@ -326,7 +328,12 @@ cudaError_t try_forward_hopper_bytes(const ForwardParams& p, bool& ran) {
     if (!hopper_bytes_wanted(v) || !hopper_bytes_applies(p)) return cudaSuccess;
     const EpilogueArgs ep = make_args<T>(p).ep;
     auto run = [&](const auto& pol) {
-      if (v.lq > 32) return run_forward_hopper_bytes<T, F, HopperByteShape<64, 3>>(v, pol, ep, ran);
+      if (v.lq > 32) {
+        if (hopper_bytes_split(v)) {
+          return run_forward_hopper_bytes<T, F, HopperByteShape<64, 8, 128, 1, 2>>(v, pol, ep, ran);
+        }
+        return run_forward_hopper_bytes<T, F, HopperByteShape<64, 3>>(v, pol, ep, ran);
+      }
       if (hopper_bytes_short_tiles(v)) {
         return run_forward_hopper_bytes<T, F, HopperByteShape<32, 4, 64, 3>>(v, pol, ep, ran);
       }

@@ -11,9 +11,10 @@
 // rows (the per-element scale first, fold_tile over its four rows of a tile), and the max over
 // a document happens once per step: quad shuffles and a four-warp merge, then the shared
 // epilogue. The slot is released as soon as its bytes and scales are in registers. A slot
-// holds the tile's bytes and its row scales, loaded from the first row rounded down to a
-// multiple of 4 (a TMA box must start 16-byte aligned: an unaligned start faults with an
-// illegal instruction), TileInfo::scale_shift saying where the first row's scale is.
+// holds the tile's bytes; the ring keeps its row scales beside it, loaded from the first row
+// rounded down to a multiple of 4 (a TMA box must start 16-byte aligned: an unaligned start
+// faults with an illegal instruction), TileInfo::scale_shift saying where the first row's
+// scale is.
 //
 // The k permutation. A lane's A fragment holds, per k16 step s, columns 16s + 2t + {0, 1}
 // (a0, a1) and 16s + 8 + 2t + {0, 1} (a2, a3) of its rows (t = lane % 4). Reading those from
@@ -48,8 +49,10 @@ namespace maxsim_cuda {
 namespace kernel {
 
 // N_ query rows (32: Lq <= 32, 64: 64-row chunks), document tiles of BN_ rows (128: two
-// 64-row halves, 64: one), CTAS_ resident CTAs an SM is planned for.
-template <int N_, int STAGES_, int BN_ = 128, int CTAS_ = 2>
+// 64-row halves, 64: one), CTAS_ resident CTAs an SM is planned for, SPLIT_ consumer
+// warpgroups sharing each step (2: they take its tiles by parity, for calls with fewer
+// steps than SMs, where one warpgroup a CTA leaves the SMs' issue slots idle).
+template <int N_, int STAGES_, int BN_ = 128, int CTAS_ = 2, int SPLIT_ = 1>
 struct HopperByteShape {
   static constexpr bool kStream = false;
   static constexpr int kCtasPerSm = CTAS_;
@@ -57,9 +60,10 @@ struct HopperByteShape {
   static constexpr int BM = 64;           // query block rows (hopper_blocks, the epilogue)
   static constexpr int kQueryRows = N_;   // rows the MMAs take: Lq <= 32, or 64-row chunks
   static constexpr int BN = BN_, NT = N_ / 8, kHalves = BN_ / 64;
-  static constexpr int kConsumers = 1, kStages = STAGES_;
-  static constexpr int kThreads = 128 + 32;
-  static constexpr int kProducerWarp = 4;
+  static constexpr int kConsumers = 1, kStages = STAGES_;  // one query block a step
+  static constexpr int kSplit = SPLIT_;
+  static constexpr int kThreads = kSplit * 128 + 32;
+  static constexpr int kProducerWarp = kSplit * 4;
   static constexpr uint32_t kRowBytes = 128;
   // a raw query buffer: the N rows the MMAs take (bounded loads fill 32-row boxes)
   static constexpr uint32_t kQueryBlockBytes = KB * N_ * kRowBytes;
@@ -67,30 +71,32 @@ struct HopperByteShape {
   static constexpr uint32_t kQueryInSlot = 0;
   static constexpr int kDocBlocks = 1;
   static constexpr int kScaleBox = BN + 4;  // the tile's scales from its row rounded down to 4
-  static constexpr uint32_t kScaleBytes = kScaleBox * sizeof(float);
-  static constexpr uint32_t kScaleOffset = kDocBytes;
-  static constexpr uint32_t kSlotBytes = kDocBytes + 1024;  // the scales, keeping slots 1024-aligned
+  static constexpr uint32_t kScaleBytes = kScaleBox * sizeof(float);  // a slot's, beside it in the ring
+  static constexpr uint32_t kSlotBytes = kDocBytes;
   static constexpr int kQueryBufs = 2;
   static constexpr bool kQueryReuse = true;  // a query is loaded and permuted at kTileQuery only
   static constexpr bool kWiden = false;
-  static constexpr int kEmptyArrivals = 128;
+  static constexpr int kEmptyArrivals = kSplit * 128;  // every warpgroup reads every slot's TileInfo
+  // split steps: warpgroup 0 merges a step's parts while warpgroup 1 goes on to the next
+  // step, so the parts alternate between two buffers by step
+  static constexpr int kPartBufs = kSplit == 2 ? 2 : 1;
   struct ConsumerSmem {
     alignas(1024) unsigned char qperm[KB * N_ * 128];  // the permuted query (B), 128-byte swizzled
-    float part_m[4][N_];                               // each warp's column maxima of a step
-    int part_i[4][N_];
+    float part_m[kPartBufs][kSplit * 4][N_];           // each warp's column maxima of a step
+    int part_i[kPartBufs][kSplit * 4][N_];
   };
   static_assert(N_ == 32 || N_ == 64, "N");
   static_assert(BN_ == 64 || BN_ == 128, "BN");
-  static_assert(kScaleBytes <= 1024, "the scales fit the slot's tail");
+  static_assert(SPLIT_ == 1 || SPLIT_ == 2, "SPLIT");
 };
 
 // The raw query block (TMA layout: [2][N rows][128 B], chunk c of row n at c ^ (n % 8)) into
 // the permuted B block ([2][N rows][128 B], same swizzle). Physical 4-byte pair P = 16t + 2s + h
 // goes to logical pair 8s + 4h + t; a thread moves one 16-byte chunk (4 pairs) at a time.
-template <int N>
+template <int N, int THREADS>
 __device__ __forceinline__ void permute_query(uint32_t raw, uint32_t perm, int tid) {
 #pragma unroll
-  for (int k = tid; k < N * 16; k += 128) {
+  for (int k = tid; k < N * 16; k += THREADS) {
     const int n = k / 16, c = k % 16;  // physical columns 8c .. 8c + 7 of query row n
     const uint4 v = ld_shared_v4(raw + uint32_t((c / 8) * N * 128 + n * 128 + (((c % 8) ^ (n % 8)) * 16)));
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
@@ -200,11 +206,14 @@ template <class T, DocFormat F, class Shape, class Policy>
 __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, const HopperParams<Policy>& hp,
                                                      StepRange range) {
   static_assert(Policy::kStrided && Shape::kConsumers == 1, "padded and packed grids");
-  constexpr int S = Shape::kStages, BN = Shape::BN, N = Shape::kQueryRows, NT = Shape::NT;
+  constexpr int S = Shape::kStages, BN = Shape::BN, N = Shape::kQueryRows, NT = Shape::NT, W = Shape::kSplit;
   const Policy& pol = hp.pol;
   const int tid = threadIdx.x % 128, warp = uniform(tid / 32), lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+  const int wg = uniform(static_cast<int>(threadIdx.x / 128));  // split steps: the tile parity it takes
   auto& epi = sm.epi[0];
-  const WarpgroupSync sync{1};
+  const WarpgroupSync sync{1};  // warpgroup 0's (the epilogue's)
+  // split steps: both warpgroups (a new query's permutation; a step's parts)
+  auto both = [] { named_barrier(2, 256); };
   const uint32_t perm = smem_addr(sm.qperm);
   const int row0 = warp * 16 + g;  // this thread's first row of a tile (then + 8, + 64, + 72)
   const bool index = hp.ep.with_argmax;
@@ -213,6 +222,7 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
   int it = 0;
   int64_t cur_set = -1, query = 0, chunk = 0;
   uint32_t qround = 0;
+  int parts = 0;  // the step's part buffer
   for (StepWalk<true> walk(range, pol.Nb, hp.runs); walk.more(); walk.next()) {
     const int64_t qb = walk.set, n = walk.n;  // one 64-row block per set
     if (hp.nchunks > 1 && qb != cur_set) {
@@ -226,16 +236,24 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
       const int buf = static_cast<int>(qround % 2);
       mbar_wait(smem_addr(&sm.qfull[buf]), (qround / 2) & 1);
       ++qround;
-      // every thread is past the last step's MMAs (its epilogue's barriers), so qperm is free
-      permute_query<N>(smem_addr(sm.query[buf][0]), perm, tid);
-      mbar_arrive(smem_addr(&sm.qempty[buf]));
+      // every thread is past the last step's MMAs (its epilogue's barriers; split steps: the
+      // step's end, where both warpgroups meet), so qperm is free
+      permute_query<N, W * 128>(smem_addr(sm.query[buf][0]), perm, static_cast<int>(threadIdx.x));
+      // one fence for both proxies' orders: the permuted query's generic writes before the
+      // MMAs' async reads, and the raw buffer's generic reads before the producer's next TMA
       fence_proxy_async();
-      sync();
+      if constexpr (W == 2) {
+        both();
+        if (wg == 0) mbar_arrive(smem_addr(&sm.qempty[buf]));  // (128 arrivals)
+      } else {
+        mbar_arrive(smem_addr(&sm.qempty[buf]));
+        sync();
+      }
     }
     cm.reset();
     for (;; info = next_tile(sm.ring, it, BN, left)) {
       const int stage = it % S;
-      if (left <= 0) {
+      if (left <= 0 || (W == 2 && (info.tile & 1) != wg)) {  // no rows, or the other warpgroup's
         mbar_arrive(smem_addr(&sm.ring.empty[stage]));
         ++it;
         if (info.flags & kTileLast) break;
@@ -243,7 +261,7 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
       }
       constexpr int HV = Shape::kHalves;
       const bool two = HV == 2 && left > 64;  // uniform: the second half has rows
-      const uint32_t slot = smem_addr(sm.ring.slot[stage]);
+      const uint32_t slot = smem_addr(sm.ring.slot[stage]), scales = smem_addr(sm.ring.scales[stage]);
       uint4 raw[HV][2][2];
       float sc[HV][2];
 #pragma unroll
@@ -254,10 +272,15 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
           const int r = hh * 64 + row0 + 8 * h;  // r % 8 == g
           raw[hh][h][0] = ld_shared_v4(slot + uint32_t(r * 128 + (((2 * t4) ^ g) * 16)));
           raw[hh][h][1] = ld_shared_v4(slot + uint32_t(r * 128 + (((2 * t4 + 1) ^ g) * 16)));
-          sc[hh][h] = __uint_as_float(ld_shared_u32(slot + Shape::kScaleOffset + uint32_t(4 * (r + info.scale_shift))));
+          sc[hh][h] = __uint_as_float(ld_shared_u32(scales + uint32_t(4 * (r + info.scale_shift))));
         }
       }
-      mbar_arrive(smem_addr(&sm.ring.empty[stage]));  // the slot's bytes and scales are in registers
+      // the slot's bytes and scales are in registers. The producer's next TMA into the slot is
+      // an async-proxy write after these generic reads: without the proxy fence, 16 of 480
+      // calls (Lq 48 / 64, 400 pairs of up to five tiles, 3 slots) scored a pair from bytes
+      // the next tile had overwritten (H100, 2026-11-26); with it, none of 480.
+      fence_proxy_async();
+      mbar_arrive(smem_addr(&sm.ring.empty[stage]));
       ++it;
       const int col_base = info.tile * BN + row0;
       if constexpr (N == 32 && HV == 2) {
@@ -293,7 +316,8 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
                                        index);
         }
       } else {
-        // one half at a time: 64 query rows (both halves in flight need ~200 registers), or
+        // one half at a time: 64 query rows (both halves in flight need ~200 registers; the
+        // split shape's nine warps are three on some scheduler, so it is capped at 168 too), or
         // 64-row tiles (three CTAs an SM: 136 registers a thread)
 #pragma unroll
         for (int hh = 0; hh < HV; ++hh) {
@@ -322,18 +346,30 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
     }
     // The step's column maxima: over the eight lanes of a column, then over the four warps
     // (a call without argmax merges the maxima alone).
-    index ? cm.template to_warp_parts<true>(sm.part_m[warp], sm.part_i[warp], g, t4)
-          : cm.template to_warp_parts<false>(sm.part_m[warp], sm.part_i[warp], g, t4);
-    sync();
+    float(&part_m)[W * 4][N] = sm.part_m[parts];
+    int(&part_i)[W * 4][N] = sm.part_i[parts];
+    index ? cm.template to_warp_parts<true>(part_m[wg * 4 + warp], part_i[wg * 4 + warp], g, t4)
+          : cm.template to_warp_parts<false>(part_m[wg * 4 + warp], part_i[wg * 4 + warp], g, t4);
+    if constexpr (W == 2) {
+      both();
+      parts ^= 1;
+      if (wg == 1) continue;  // warpgroup 0 finishes the step
+    } else {
+      sync();
+    }
     if (tid < 64) {
       float m = neg_inf<float>();
       int idx = kNoIndex;
       if (tid < N) {
         if (hp.ep.with_argmax) {
 #pragma unroll
-          for (int w = 0; w < 4; ++w) merge(m, idx, sm.part_m[w][tid], sm.part_i[w][tid]);
+          for (int w = 0; w < W * 4; ++w) merge(m, idx, part_m[w][tid], part_i[w][tid]);
         } else {
-          m = max_nan(max_nan(sm.part_m[0][tid], sm.part_m[1][tid]), max_nan(sm.part_m[2][tid], sm.part_m[3][tid]));
+#pragma unroll
+          for (int w = 0; w < W * 4; w += 4) {
+            m = max_nan(m, max_nan(max_nan(part_m[w][tid], part_m[w + 1][tid]),
+                                   max_nan(part_m[w + 2][tid], part_m[w + 3][tid])));
+          }
         }
       }
       epi.red_m[tid] = m;
@@ -406,6 +442,17 @@ inline bool hopper_bytes_short_tiles(const ForwardParams& p) {
   const char* e = std::getenv("MAXSIM_CUDA_HOPPER_BYTES_TILE");
   if (e != nullptr && (e[0] == '6' || e[0] == '1')) return e[0] == '6';
   return average_doc_rows(p) < 512;
+}
+
+// Lq > 32 (64-row query chunks): calls with at most one step an SM split each step's tiles
+// between two consumer warpgroups of a CTA (one CTA an SM): with one warpgroup a CTA such a
+// call leaves half the planned CTA slots empty and its warps' issue slots idle.
+// MAXSIM_CUDA_HOPPER_BYTES_SPLIT=0 | 1 forces it off or on (read per call).
+inline bool hopper_bytes_split(const ForwardParams& v) {
+  const char* e = std::getenv("MAXSIM_CUDA_HOPPER_BYTES_SPLIT");
+  if (e != nullptr && (e[0] == '0' || e[0] == '1')) return e[0] == '1';
+  const int64_t steps = hopper_blocks(v).blocks * (v.surface == Surface::kPacked ? 1 : v.cands);
+  return steps <= v.num_sms;
 }
 
 // Consecutive steps a CTA takes at a time (StepWalk<true>): a run of documents of one query

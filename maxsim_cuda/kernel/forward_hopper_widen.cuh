@@ -40,14 +40,13 @@ struct HopperWidenShape {
   static constexpr int kThreads = kConsumers * 128 + 32 + kWidenThreads;
   static constexpr uint32_t kRowBytes = 128;
   static constexpr uint32_t kQueryBlockBytes = KB * BM * kRowBytes;
-  // the producer's ring: a tile's bytes, then its row scales from the first row rounded down to 4
+  // the producer's ring: a tile's bytes; beside the slot, its row scales from the row rounded down to 4
   static constexpr int kDocBlocks = 1;
   static constexpr uint32_t kDocBytes = BN * kRowBytes;
   static constexpr uint32_t kQueryInSlot = 0;
   static constexpr int kScaleBox = BN + 4;
-  static constexpr uint32_t kScaleBytes = kScaleBox * sizeof(float);
-  static constexpr uint32_t kScaleOffset = kDocBytes;
-  static constexpr uint32_t kSlotBytes = kDocBytes + 1024;
+  static constexpr uint32_t kScaleBytes = kScaleBox * sizeof(float);  // a slot's, beside it in the ring
+  static constexpr uint32_t kSlotBytes = kDocBytes;
   static constexpr int kQueryBufs = 1;
   static constexpr bool kQueryReuse = false;
   static constexpr bool kWiden = true;
@@ -113,12 +112,14 @@ __device__ __forceinline__ void hopper_widen(HopperSmem<Shape>& sm, const Hopper
           }
         }
         for (int r = wtid; r < BN; r += Shape::kWidenThreads) {
-          const uint32_t s = ld_shared_u32(raw + Shape::kScaleOffset + uint32_t(4 * (r + info.scale_shift)));
+          const uint32_t s = ld_shared_u32(smem_addr(sm.ring.scales[stage]) + uint32_t(4 * (r + info.scale_shift)));
           asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(wide + Shape::kWideScaleOffset + uint32_t(4 * r)),
                        "r"(s)
                        : "memory");
         }
-        fence_proxy_async();  // the MMAs read the tile through the async proxy
+        // the MMAs read the tile through the async proxy, and the producer's next TMA into the
+        // raw slot must come after this thread's generic reads of it
+        fence_proxy_async();
       }
       mbar_arrive(smem_addr(&sm.ring.empty[stage]));
       mbar_arrive(smem_addr(&sm.wide.full[ws]));

@@ -42,10 +42,9 @@ struct HopperShape {
   static constexpr uint32_t kQueryInSlot = kStream ? kConsumers * kQueryBlockBytes : 0;
   static constexpr uint32_t kSlotBytes = kQueryInSlot + kDocBytes;
   // What the compressed-document shape (forward_hopper_bytes.cuh) changes: 128-byte
-  // document rows in one block, each slot's row scales after its tile, and two query buffers.
+  // document rows in one block, each slot's row scales (HopperRing::scales), and two query buffers.
   static constexpr int kDocBlocks = KB;         // 128-byte column blocks of a document tile
-  static constexpr uint32_t kScaleBytes = 0;    // per slot, after the tile
-  static constexpr uint32_t kScaleOffset = kSlotBytes;
+  static constexpr uint32_t kScaleBytes = 0;    // per slot
   static constexpr int kQueryBufs = 1;          // resident query buffers (ring)
   static constexpr bool kQueryReuse = false;    // pair grids: consecutive pairs of one query load it once
   static constexpr bool kWiden = false;         // a widening stage between the rings
@@ -77,10 +76,18 @@ struct HopperQueryBlocks<Shape, true> {};
 
 // A ring of tile slots and their barriers: the producer's (TMA writes, consumers or a
 // widening stage read), and for shapes with a widening stage the widened tiles' ring.
-template <int STAGES, uint32_t SLOT_BYTES>
+// Compressed tiles' row scales (SCALE_FLOATS a slot) sit beside the slots, not in them: a
+// slot is a whole number of 1 KB swizzle atoms, and 272 to 528 bytes of scales in it cost a
+// whole atom a slot. A TMA destination must be 128-byte aligned, so each slot's scales start
+// on 128 bytes. Readers of a slot through generic loads (the byte kernel's consumers, the
+// widening warps) fence the async proxy before releasing it: the next TMA into the slot is
+// an async-proxy write.
+template <int STAGES, uint32_t SLOT_BYTES, int SCALE_FLOATS = 0>
 struct HopperRing {
   static constexpr int kStages = STAGES;
+  static constexpr int kScaleStride = (SCALE_FLOATS + 31) / 32 * 32;  // floats, 128-byte steps
   alignas(1024) unsigned char slot[STAGES][SLOT_BYTES];
+  alignas(128) float scales[STAGES][kScaleStride > 0 ? kScaleStride : 1];
   TileInfo info[STAGES];
   uint64_t full[STAGES], empty[STAGES];
 };
@@ -93,7 +100,7 @@ struct HopperConsumerSmem<Shape, true> : Shape::ConsumerSmem {};
 
 template <class Shape>
 struct HopperSmem : HopperQueryBlocks<Shape>, HopperConsumerSmem<Shape> {
-  HopperRing<Shape::kStages, Shape::kSlotBytes> ring;
+  HopperRing<Shape::kStages, Shape::kSlotBytes, Shape::kScaleBytes / 4> ring;
   uint64_t qfull[Shape::kQueryBufs], qempty[Shape::kQueryBufs];
   EpilogueSmem<float, Shape::BM, 1> epi[Shape::kConsumers];
   // + 1024: the swizzle atoms need a 1024-byte aligned base; the dynamic window promises 16.

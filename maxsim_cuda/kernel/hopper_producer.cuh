@@ -211,7 +211,7 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
         }
         // a box's first element must sit 16 bytes aligned (else the copy faults with an illegal
         // instruction): the scales come from the row rounded down to 4, 4 more of them
-        if constexpr (Shape::kScaleBytes > 0) tma_load_1d(slot + Shape::kScaleOffset, smap, full, drow & ~3);
+        if constexpr (Shape::kScaleBytes > 0) tma_load_1d(smem_addr(sm.ring.scales[stage]), smap, full, drow & ~3);
 #pragma unroll
         for (int kb = 0; kb < Shape::kDocBlocks; ++kb) {
           const uint32_t dst = slot + Shape::kQueryInSlot + kb * BN * kRowBytes;

@@ -216,6 +216,12 @@ if "bytes" in parts:
                     torch.zeros(3, dtype=torch.int32, device=dev), torch.arange(3, device=dev), max_q_len=32,
                     document_scales=ds)
     os.environ.pop("MAXSIM_CUDA_HOPPER_BYTES_TILE")
+    # Lq > 32 with each step's tiles split between two consumer warpgroups
+    os.environ["MAXSIM_CUDA_HOPPER_BYTES_SPLIT"] = "1"
+    for fmt in ("int8", "float8_e4m3fn"):
+        compressed_entry_points(torch.float16, 128, fmt, lq=45)
+        compressed_entry_points(torch.bfloat16, 128, fmt, lq=100)
+    os.environ.pop("MAXSIM_CUDA_HOPPER_BYTES_SPLIT")
     # runs of several steps a CTA (more steps than CTA slots), one query load a run: a padded
     # grid of 4 queries x 300 ragged candidates, and 1,200 packed pairs in runs of one query
     dv, ds = maxsim.quantize_documents(rand(4, 300, 24, 128, dtype=torch.float32), "int8")
