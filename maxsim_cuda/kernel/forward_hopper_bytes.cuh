@@ -276,9 +276,9 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
         }
       }
       // the slot's bytes and scales are in registers. The producer's next TMA into the slot is
-      // an async-proxy write after these generic reads: without the proxy fence, 16 of 480
+      // an async-proxy write after these generic reads: without the proxy fence, 16 of 960
       // calls (Lq 48 / 64, 400 pairs of up to five tiles, 3 slots) scored a pair from bytes
-      // the next tile had overwritten (H100, 2026-11-26); with it, none of 480.
+      // the next tile had overwritten (H100, 2026-11-26); with it, none of 960.
       fence_proxy_async();
       mbar_arrive(smem_addr(&sm.ring.empty[stage]));
       ++it;
