@@ -634,6 +634,48 @@ def query_runs(n, nq, gen, longest=12):
     return torch.tensor(ids[:n])
 
 
+def packed_pairs(q, qoffs, v, doffs, sc, pq, pd):
+    """(pair, query rows, document values, their scales) of every pair of a packed call."""
+    return [(p, q[int(qoffs[pq[p]]):int(qoffs[pq[p] + 1])], v[int(doffs[pd[p]]):int(doffs[pd[p] + 1])],
+             sc[int(doffs[pd[p]]):int(doffs[pd[p] + 1])]) for p in range(len(pq))]
+
+
+def byte_kernel_variants(monkeypatch, fwd, args, scales, npairs, knob, values, tag):
+    """The call on the mma.sync kernels (MAXSIM_CUDA_HOPPER_BYTES=0) and on the sm_90a byte
+    kernel at each of `values` of the environment knob `knob`: the profiler sees the byte
+    kernel exactly when it is asked for, each variant's score-only form gives its argmax form's
+    scores (outputs poisoned first), and every variant's scores and argmax equal mma.sync's bit
+    for bit. Returns mma.sync's scores, flat, on the CPU."""
+    got = {}
+    for value in ("mma.sync", *values):
+        byte = value != "mma.sync"
+        monkeypatch.setenv("MAXSIM_CUDA_HOPPER_BYTES", "1" if byte else "0")
+        if byte:
+            monkeypatch.setenv(knob, value)
+        (scores, argmax), names = kernel_names(functools.partial(fwd, *args, True, scales))
+        assert any("hopper_bytes" in n for n in names) == byte, (tag, value, sorted(names))
+        poison(scores)
+        only, _ = fwd(*args, False, scales)
+        differ = only.cpu() != scores.cpu()
+        assert torch.equal(only.cpu(), scores.cpu()), (tag, value, differ.nonzero()[:8].tolist())
+        got[value] = (scores.cpu().reshape(-1), argmax.cpu().reshape(npairs, -1))
+    for value in values:
+        assert torch.equal(got[value][0], got["mma.sync"][0]), (tag, value)
+        assert torch.equal(got[value][1], got["mma.sync"][1]), (tag, value)
+    return got["mma.sync"][0]
+
+
+def assert_exact_maxsim(scores, pairs, tag):
+    """Integer inputs (exact in fp32): each pair's score is its float64 MaxSim, 0 for an empty
+    query and -inf for an empty document."""
+    for p, qp, vp, sp in pairs:
+        if qp.shape[0] == 0 or vp.shape[0] == 0:
+            assert float(scores[p]) == (0.0 if qp.shape[0] == 0 else float("-inf")), (tag, p)
+            continue
+        want = (qp.double() @ dequantised(vp, sp).T).max(dim=1).values.sum()
+        assert float(scores[p]) == float(want), (tag, p)
+
+
 @pytest.mark.parametrize("surface", ("padded", "packed"))
 def test_sm90a_kernel_runs_of_steps(ops, monkeypatch, surface):
     """The byte kernel's CTAs take runs of consecutive steps (MAXSIM_CUDA_HOPPER_BYTES_RUN), and
@@ -668,30 +710,11 @@ def test_sm90a_kernel_runs_of_steps(ops, monkeypatch, surface):
             sc = make_scales((int(doffs[-1]),), gen, integer=True)
             pq, pd = query_runs(P, nq, gen), torch.randint(0, nd, (P,), generator=gen)
             args = (q.to(CUDA), qoffs.to(CUDA), v.to(CUDA), doffs.to(CUDA), pq.to(CUDA), pd.to(CUDA), lq)
-            pairs = [(p, q[int(qoffs[pq[p]]):int(qoffs[pq[p] + 1])], v[int(doffs[pd[p]]):int(doffs[pd[p] + 1])],
-                      sc[int(doffs[pd[p]]):int(doffs[pd[p] + 1])]) for p in range(P)]
+            pairs = packed_pairs(q, qoffs, v, doffs, sc, pq, pd)
             fwd = ops.packed_forward
-        got = {}
-        for run in ("mma.sync", "1", "2", "5"):
-            monkeypatch.setenv("MAXSIM_CUDA_HOPPER_BYTES", "0" if run == "mma.sync" else "1")
-            monkeypatch.setenv("MAXSIM_CUDA_HOPPER_BYTES_RUN", "1" if run == "mma.sync" else run)
-            scores_argmax = functools.partial(fwd, *args, True, sc.to(CUDA))
-            (scores, argmax), names = kernel_names(scores_argmax)
-            assert any("hopper_bytes" in n for n in names) == (run != "mma.sync"), (run, sorted(names))
-            poison(scores)
-            only, _ = fwd(*args, False, sc.to(CUDA))
-            assert torch.equal(only.cpu(), scores.cpu()), (lq, run)
-            got[run] = (scores.cpu().reshape(-1), argmax.cpu().reshape(len(pairs), -1))
-        for run in ("1", "2", "5"):
-            assert torch.equal(got[run][0], got["mma.sync"][0]), (lq, run)
-            assert torch.equal(got[run][1], got["mma.sync"][1]), (lq, run)
-        scores = got["mma.sync"][0]
-        for p, qp, vp, sp in pairs:
-            if qp.shape[0] == 0 or vp.shape[0] == 0:
-                assert float(scores[p]) == (0.0 if qp.shape[0] == 0 else float("-inf")), (lq, p)
-                continue
-            want = (qp.double() @ dequantised(vp, sp).T).max(dim=1).values.sum()
-            assert float(scores[p]) == float(want), (lq, p)
+        scores = byte_kernel_variants(monkeypatch, fwd, args, sc.to(CUDA), len(pairs), "MAXSIM_CUDA_HOPPER_BYTES_RUN",
+                                      ("1", "2", "5"), lq)
+        assert_exact_maxsim(scores, pairs, lq)
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
@@ -738,31 +761,11 @@ def test_sm90a_kernel_split_steps(ops, monkeypatch, surface, fmt):
             sc = make_scales((int(doffs[-1]),), gen, integer=True)
             pq, pd = query_runs(P, nq, gen, 4), torch.randint(0, nd, (P,), generator=gen)
             args = (q.to(CUDA), qoffs.to(CUDA), v.to(CUDA), doffs.to(CUDA), pq.to(CUDA), pd.to(CUDA), lq)
-            pairs = [(p, q[int(qoffs[pq[p]]):int(qoffs[pq[p] + 1])], v[int(doffs[pd[p]]):int(doffs[pd[p] + 1])],
-                      sc[int(doffs[pd[p]]):int(doffs[pd[p] + 1])]) for p in range(P)]
+            pairs = packed_pairs(q, qoffs, v, doffs, sc, pq, pd)
             fwd = ops.packed_forward
-        got = {}
-        for split in ("mma.sync", "0", "1"):
-            monkeypatch.setenv("MAXSIM_CUDA_HOPPER_BYTES", "0" if split == "mma.sync" else "1")
-            monkeypatch.setenv("MAXSIM_CUDA_HOPPER_BYTES_SPLIT", "0" if split == "mma.sync" else split)
-            scores_argmax = functools.partial(fwd, *args, True, sc.to(CUDA))
-            (scores, argmax), names = kernel_names(scores_argmax)
-            assert any("hopper_bytes" in n for n in names) == (split != "mma.sync"), (split, sorted(names))
-            poison(scores)
-            only, _ = fwd(*args, False, sc.to(CUDA))
-            differ = only.cpu() != scores.cpu()
-            assert torch.equal(only.cpu(), scores.cpu()), (lq, split, differ.nonzero()[:8].tolist())
-            got[split] = (scores.cpu().reshape(-1), argmax.cpu().reshape(len(pairs), -1))
-        for split in ("0", "1"):
-            assert torch.equal(got[split][0], got["mma.sync"][0]), (lq, split)
-            assert torch.equal(got[split][1], got["mma.sync"][1]), (lq, split)
-        scores = got["1"][0]
-        for p, qp, vp, sp in pairs:
-            if qp.shape[0] == 0 or vp.shape[0] == 0:
-                assert float(scores[p]) == (0.0 if qp.shape[0] == 0 else float("-inf")), (lq, p)
-                continue
-            want = (qp.double() @ dequantised(vp, sp).T).max(dim=1).values.sum()
-            assert float(scores[p]) == float(want), (lq, p)
+        scores = byte_kernel_variants(monkeypatch, fwd, args, sc.to(CUDA), len(pairs), "MAXSIM_CUDA_HOPPER_BYTES_SPLIT",
+                                      ("0", "1"), lq)
+        assert_exact_maxsim(scores, pairs, lq)
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
