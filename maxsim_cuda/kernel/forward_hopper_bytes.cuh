@@ -460,7 +460,7 @@ inline bool hopper_bytes_split(const ForwardParams& v) {
 // producer sees the same query rows, kQueryReuse). MAXSIM_CUDA_HOPPER_BYTES_RUN=K forces K
 // (read per call).
 constexpr int64_t kHopperBytesRun = 4;
-inline int64_t hopper_bytes_run(const ForwardParams&) {
+inline int64_t hopper_bytes_run() {
   const char* e = std::getenv("MAXSIM_CUDA_HOPPER_BYTES_RUN");
   if (e != nullptr && e[0] >= '1' && e[0] <= '9') return std::atoi(e);
   return kHopperBytesRun;
@@ -477,7 +477,7 @@ cudaError_t run_forward_hopper_bytes(const ForwardParams& p, const Policy& pol, 
     return cudaSuccess;  // not taken: the mma.sync kernels run instead
   }
   return launch_hopper<Shape, maxsim_forward_hopper_bytes_kernel<T, F, Shape, Policy>>(p, pol, ep, ran,
-                                                                                        hopper_bytes_run(p), qmap, dmap,
+                                                                                        hopper_bytes_run(), qmap, dmap,
                                                                                         tmap, smap);
 }
 
