@@ -10,7 +10,8 @@
 // rows, so each thread keeps a running (max, argmax) per query column over its own document
 // rows (the per-element scale first, fold_tile over its four rows of a tile), and the max over
 // a document happens once per step: quad shuffles and a four-warp merge, then the shared
-// epilogue. The slot is released as soon as its bytes and scales are in registers. A slot
+// epilogue (split steps, for calls of few long steps: two warpgroups take a step's tiles by
+// parity and warpgroup 0 merges all eight warps). The slot is released as soon as its bytes and scales are in registers. A slot
 // holds the tile's bytes; the ring keeps its row scales beside it, loaded from the first row
 // rounded down to a multiple of 4 (a TMA box must start 16-byte aligned: an unaligned start
 // faults with an illegal instruction), TileInfo::scale_shift saying where the first row's
@@ -345,7 +346,7 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
       if (info.flags & kTileLast) break;
     }
     // The step's column maxima: over the eight lanes of a column, then over the four warps
-    // (a call without argmax merges the maxima alone).
+    // (eight for split steps; a call without argmax merges the maxima alone).
     float(&part_m)[W * 4][N] = sm.part_m[parts];
     int(&part_i)[W * 4][N] = sm.part_i[parts];
     index ? cm.template to_warp_parts<true>(part_m[wg * 4 + warp], part_i[wg * 4 + warp], g, t4)
