@@ -665,15 +665,44 @@ def byte_kernel_variants(monkeypatch, fwd, args, scales, npairs, knob, values, t
     return got["mma.sync"][0]
 
 
-def assert_exact_maxsim(scores, pairs, tag):
-    """Integer inputs (exact in fp32): each pair's score is its float64 MaxSim, 0 for an empty
-    query and -inf for an empty document."""
+# document lengths at the byte kernel's tile edges (64- and 128-row tiles), and none
+TILE_EDGES = torch.tensor([0, 1, 127, 128, 129, 256, 640, 700])
+
+
+def exact_maxsim(pairs):
+    """Each pair's float64 MaxSim on the dequantised documents (0 for an empty query, -inf for
+    an empty document), indexed by pair."""
+    want = torch.empty(len(pairs), dtype=torch.float64)
     for p, qp, vp, sp in pairs:
         if qp.shape[0] == 0 or vp.shape[0] == 0:
-            assert float(scores[p]) == (0.0 if qp.shape[0] == 0 else float("-inf")), (tag, p)
-            continue
-        want = (qp.double() @ dequantised(vp, sp).T).max(dim=1).values.sum()
-        assert float(scores[p]) == float(want), (tag, p)
+            want[p] = 0.0 if qp.shape[0] == 0 else float("-inf")
+        else:
+            want[p] = (qp.double() @ dequantised(vp, sp).T).max(dim=1).values.sum()
+    return want
+
+
+def assert_exact_maxsim(scores, pairs, tag):
+    """Integer inputs (exact in fp32): each pair's score is its float64 MaxSim."""
+    differ = (scores.double() != exact_maxsim(pairs)).nonzero().flatten()
+    assert len(differ) == 0, (tag, differ[:8].tolist())
+
+
+def split_steps_packed(lq, count, fmt, gen, dim=128):
+    """test_sm90a_kernel_split_steps's packed call (tools/device/repeat_bytes.py repeats it):
+    `count` pairs in runs of one query over 5 queries (one empty) and 40 documents of 0 to 700
+    rows, half of them at tile edges; integer values. Returns (q, qoffs, v, doffs, sc, pq, pd)
+    on the CPU."""
+    nq, nd = 5, 40
+    qlen = lengths(nq, lq, gen, 4)
+    at_edges = TILE_EDGES[torch.randint(0, len(TILE_EDGES), (nd,), generator=gen)]
+    dlen = torch.where(torch.rand(nd, generator=gen) < 0.5, at_edges, torch.randint(0, 701, (nd,), generator=gen))
+    qoffs = torch.cat([torch.zeros(1, dtype=torch.int64), qlen.cumsum(0)])
+    doffs = torch.cat([torch.zeros(1, dtype=torch.int64), dlen.cumsum(0)])
+    q = make_queries((int(qoffs[-1]), dim), torch.float16, gen, integer=True)
+    v = make_values((int(doffs[-1]), dim), fmt, gen, integer=True)
+    sc = make_scales((int(doffs[-1]),), gen, integer=True)
+    pq, pd = query_runs(count, nq, gen, 4), torch.randint(0, nd, (count,), generator=gen)
+    return q, qoffs, v, doffs, sc, pq, pd
 
 
 @pytest.mark.parametrize("surface", ("padded", "packed"))
@@ -731,7 +760,6 @@ def test_sm90a_kernel_split_steps(ops, monkeypatch, surface, fmt):
         pytest.skip("the wgmma kernel needs sm_90a")
     monkeypatch.delenv("MAXSIM_CUDA_FORCE_MMA_SYNC", raising=False)
     dim = 128
-    edges = torch.tensor([0, 1, 127, 128, 129, 256, 640, 700])
     for lq, count in ((48, 40), (100, 30), (64, 400)):
         gen = torch.Generator().manual_seed(lq + count)
         if surface == "padded":
@@ -741,7 +769,7 @@ def test_sm90a_kernel_split_steps(ops, monkeypatch, surface, fmt):
             v = make_values((B, C, Ld, dim), fmt, gen, integer=True)
             sc = make_scales((B, C, Ld), gen, integer=True)
             ql = lengths(B, lq, gen, 3)
-            at_edges = edges[torch.randint(0, len(edges), (B * C,), generator=gen)]
+            at_edges = TILE_EDGES[torch.randint(0, len(TILE_EDGES), (B * C,), generator=gen)]
             dl = torch.where(torch.rand(B * C, generator=gen) < 0.5, at_edges,
                              torch.randint(0, Ld + 1, (B * C,), generator=gen)).view(B, C)
             args = (q.to(CUDA), v.to(CUDA), ql.to(CUDA), dl.to(CUDA))
@@ -749,17 +777,7 @@ def test_sm90a_kernel_split_steps(ops, monkeypatch, surface, fmt):
                      for b in range(B) for c in range(C)]
             fwd = ops.padded_forward
         else:
-            nq, nd, P = 5, 40, count
-            qlen = lengths(nq, lq, gen, 4)
-            at_edges = edges[torch.randint(0, len(edges), (nd,), generator=gen)]
-            dlen = torch.where(torch.rand(nd, generator=gen) < 0.5, at_edges,
-                               torch.randint(0, 701, (nd,), generator=gen))
-            qoffs = torch.cat([torch.zeros(1, dtype=torch.int64), qlen.cumsum(0)])
-            doffs = torch.cat([torch.zeros(1, dtype=torch.int64), dlen.cumsum(0)])
-            q = make_queries((int(qoffs[-1]), dim), torch.float16, gen, integer=True)
-            v = make_values((int(doffs[-1]), dim), fmt, gen, integer=True)
-            sc = make_scales((int(doffs[-1]),), gen, integer=True)
-            pq, pd = query_runs(P, nq, gen, 4), torch.randint(0, nd, (P,), generator=gen)
+            q, qoffs, v, doffs, sc, pq, pd = split_steps_packed(lq, count, fmt, gen, dim)
             args = (q.to(CUDA), qoffs.to(CUDA), v.to(CUDA), doffs.to(CUDA), pq.to(CUDA), pd.to(CUDA), lq)
             pairs = packed_pairs(q, qoffs, v, doffs, sc, pq, pd)
             fwd = ops.packed_forward
