@@ -1,6 +1,7 @@
 // The padded and packed forward on sm_90a for compressed documents (int8 / e4m3 with row
-// scales, 64 < dim <= 128): the sm_90a producer and step walk (hopper_producer.cuh, hopper_scheduler.cuh), with the roles of the
-// operands swapped so that the document bytes never go back to shared memory as 16-bit values.
+// scales, 64 < dim <= 128): the sm_90a producer and step walk (hopper_producer.cuh,
+// hopper_scheduler.cuh), with the roles of the operands swapped so that the document bytes
+// never go back to shared memory as 16-bit values.
 //
 // wgmma takes its B operand from shared memory as 16-bit values only, but its A operand may
 // come from registers. So here the documents are A: per 128-row tile a consumer thread reads
@@ -11,8 +12,9 @@
 // rows (the per-element scale first, fold_tile over its four rows of a tile), and the max over
 // a document happens once per step: quad shuffles and a four-warp merge, then the shared
 // epilogue (split steps, for calls of few long steps: two warpgroups take a step's tiles by
-// parity and warpgroup 0 merges all eight warps). The slot is released as soon as its bytes and scales are in registers. A slot
-// holds the tile's bytes; the ring keeps its row scales beside it, loaded from the first row
+// parity and warpgroup 0 merges all eight warps). The slot is released as soon as its bytes
+// and scales are in registers (with the proxy fence: release_after_reads). A slot holds the
+// tile's bytes; the ring keeps its row scales beside it, loaded from the first row
 // rounded down to a multiple of 4 (a TMA box must start 16-byte aligned: an unaligned start
 // faults with an illegal instruction), TileInfo::scale_shift saying where the first row's
 // scale is.
@@ -276,12 +278,7 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
           sc[hh][h] = __uint_as_float(ld_shared_u32(scales + uint32_t(4 * (r + info.scale_shift))));
         }
       }
-      // the slot's bytes and scales are in registers. The producer's next TMA into the slot is
-      // an async-proxy write after these generic reads: without the proxy fence, 16 of 960
-      // calls (Lq 48 / 64, 400 pairs of up to five tiles, 3 slots) scored a pair from bytes
-      // the next tile had overwritten (H100, 2026-11-26); with it, none of 960.
-      fence_proxy_async();
-      mbar_arrive(smem_addr(&sm.ring.empty[stage]));
+      release_after_reads(smem_addr(&sm.ring.empty[stage]));  // the bytes and scales are in registers
       ++it;
       const int col_base = info.tile * BN + row0;
       if constexpr (N == 32 && HV == 2) {

@@ -89,12 +89,21 @@ __device__ __forceinline__ void tma_load_1d(uint32_t dst, const CUtensorMap* map
 #endif
 }
 
-// Makes this thread's shared-memory writes visible to the async proxy (wgmma operands
-// written with st.shared).
+// Orders this thread's generic shared-memory accesses before later async-proxy ones: its
+// st.shared writes before wgmma reads them, its ld.shared reads before a TMA overwrites them.
 __device__ __forceinline__ void fence_proxy_async() {
 #if MAXSIM_HAS_WGMMA
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
+}
+
+// Releases a TMA-filled buffer (a ring slot, a query buffer) that this thread read with
+// ld.shared: the producer's next TMA into it is an async-proxy write, which only the proxy
+// fence orders after the reads. Without it the byte kernel scored 16 of 960 calls from bytes
+// already overwritten (H100, 2026-11-26; maxsim_cuda/NOTES.md).
+__device__ __forceinline__ void release_after_reads(uint32_t bar) {
+  fence_proxy_async();
+  mbar_arrive(bar);
 }
 
 // Brings a tensor map (a __grid_constant__ parameter) into the TMA unit's descriptor cache
