@@ -293,6 +293,55 @@ def test_cuda_graph_inference(ms, surface, form):
     assert_scores(eager[0] if form else eager, case)
 
 
+def _padded_scores64(ms, q, d, qlen, dlen):
+    """The package's reference on float64 copies of the inputs (CPU)."""
+    return ms.score_candidates_padded_reference(q.double().cpu(), d.double().cpu(), qlen.cpu(), dlen.cpu())
+
+
+@pytest.mark.parametrize("pdl", ["1", "0"])
+def test_chained_calls_wait_for_the_previous_kernel(ms, monkeypatch, pdl):
+    """The forward kernels are launched programmatically (PDL) on sm_90: a call's CTAs may
+    start while the previous kernel runs, and must wait before their first global read.
+    Here the second call's queries are the first call's scores (float32, the FFMA kernel
+    reads them directly, no kernel between), captured back to back in one graph and
+    replayed on new inputs: a read before the wait would see the previous replay's scores."""
+    monkeypatch.setenv("MAXSIM_CUDA_PDL", pdl)
+    gen = torch.Generator().manual_seed(53)
+    B1, C1, Lq1, Ld1, D1 = 4, 64, 8, 40, 64  # scores [4, 64] -> queries [2, 2, 64]
+    B2, C2, Ld2 = 2, 48, 56
+    q1 = unit(gen, B1, Lq1, D1, device=CUDA)
+    d1 = unit(gen, B1, C1, Ld1, D1, device=CUDA)
+    ql1 = torch.randint(1, Lq1 + 1, (B1,), generator=gen).to(CUDA)
+    dl1 = torch.randint(1, Ld1 + 1, (B1, C1), generator=gen).to(CUDA)
+    d2 = unit(gen, B2, C2, Ld2, D1, device=CUDA)
+    ql2 = torch.full((B2,), 2, dtype=torch.int64, device=CUDA)
+    dl2 = torch.randint(0, Ld2 + 1, (B2, C2), generator=gen).to(CUDA)
+
+    def chain():
+        s1 = ms.score_candidates_padded(q1, d1, ql1, dl1)
+        s2 = ms.score_candidates_padded(s1.view(B2, 2, D1), d2, ql2, dl2)
+        return s1, s2
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            chain()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        s1, s2 = chain()
+    for _ in range(4):
+        with torch.no_grad():
+            q1.copy_(unit(gen, B1, Lq1, D1, device=CUDA))
+        graph.replay()
+        torch.cuda.synchronize()
+        e1 = _padded_scores64(ms, q1, d1, ql1, dl1)
+        assert torch.allclose(s1.double().cpu(), e1, rtol=1e-5, atol=1e-5)
+        e2 = _padded_scores64(ms, s1.view(B2, 2, D1), d2, ql2, dl2)
+        assert torch.allclose(s2.double().cpu(), e2, rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("surface", SURFACES)
 def test_cuda_graph_train_step(ms, surface):
     """Forward + backward captured in one graph; replays on new values match eager."""

@@ -402,6 +402,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kCtasPerSm)
     if (threadIdx.x % 32 == 0) hopper_produce<Shape>(sm, hp, range, &qmap, &dmap, &tmap, &smap);
     return;
   }
+  wait_prior_grids();  // before the epilogue's global writes
   hopper_consume_bytes<T, F, Shape>(sm, hp, range);
 #endif
 }

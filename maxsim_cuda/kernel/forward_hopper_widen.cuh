@@ -150,6 +150,7 @@ __global__ void __launch_bounds__(Shape::kThreads, 1)
     hopper_widen<T, Shape>(sm, hp, range, static_cast<int>(threadIdx.x) - (Shape::kProducerWarp + 1) * 32);
     return;
   }
+  wait_prior_grids();  // before the epilogue's global writes
   hopper_consume<T, Shape>(sm, hp, range);
 #endif
 }

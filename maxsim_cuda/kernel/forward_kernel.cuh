@@ -139,6 +139,8 @@ __global__ void __launch_bounds__(ML::kThreads, ML::kMinBlocks)
 
   const StepRange range = cta_steps(pol.steps(), gridDim.x, blockIdx.x);
   if (range.begin >= range.end) return;
+  wait_prior_grids();
+  allow_dependent_grids();
 
   constexpr bool KSPLIT = KSplit<ML>::value;
   ML ml;
@@ -222,8 +224,7 @@ cudaError_t run_forward(const Policy& pol, const FwdArgs<typename ML::Elem, type
   const cudaError_t err = resident_ctas<kern>(ML::kThreads, smem, 1 << 30, occ);
   if (err != cudaSuccess) return err;
   const int64_t ctas = plan_ctas(steps, num_sms, occ);
-  kern<<<static_cast<unsigned>(ctas), ML::kThreads, smem, stream>>>(pol, a);
-  return cudaGetLastError();
+  return launch_programmatic<kern>(static_cast<unsigned>(ctas), ML::kThreads, smem, stream, pol, a);
 }
 
 // ---- policy construction from the plain params ----

@@ -253,8 +253,7 @@ cudaError_t launch_hopper(const ForwardParams& p, const Policy& pol, const Epilo
     if (err != cudaSuccess) return err;
   }
   ran = true;
-  kern<<<static_cast<unsigned>(ctas), Shape::kThreads, smem, p.stream>>>(hp, maps...);
-  err = cudaGetLastError();
+  err = launch_programmatic<kKernel>(static_cast<unsigned>(ctas), Shape::kThreads, smem, p.stream, hp, maps...);
   if (partial_bytes > 0) {
     if (err == cudaSuccess) {
       const int64_t pairs = pol.Nq * pol.Nb;

@@ -82,12 +82,22 @@ struct HopperQueryBlocks<Shape, true> {};
 // on 128 bytes. Readers of a slot through generic loads (the byte kernel's consumers, the
 // widening warps) fence the async proxy before releasing it: the next TMA into the slot is
 // an async-proxy write.
-template <int STAGES, uint32_t SLOT_BYTES, int SCALE_FLOATS = 0>
-struct HopperRing {
-  static constexpr int kStages = STAGES;
-  static constexpr int kScaleStride = (SCALE_FLOATS + 31) / 32 * 32;  // floats, 128-byte steps
+// (Bases, so that the slots come first and a ring of 16-bit tiles has no scales array.)
+template <int STAGES, uint32_t SLOT_BYTES>
+struct HopperRingSlots {
   alignas(1024) unsigned char slot[STAGES][SLOT_BYTES];
-  alignas(128) float scales[STAGES][kScaleStride > 0 ? kScaleStride : 1];
+};
+template <int STAGES, int SCALE_FLOATS>
+struct HopperRingScales {
+  static constexpr int kScaleStride = (SCALE_FLOATS + 31) / 32 * 32;  // floats, 128-byte steps
+  alignas(128) float scales[STAGES][kScaleStride];
+};
+template <int STAGES>
+struct HopperRingScales<STAGES, 0> {};
+
+template <int STAGES, uint32_t SLOT_BYTES, int SCALE_FLOATS = 0>
+struct HopperRing : HopperRingSlots<STAGES, SLOT_BYTES>, HopperRingScales<STAGES, SCALE_FLOATS> {
+  static constexpr int kStages = STAGES;
   TileInfo info[STAGES];
   uint64_t full[STAGES], empty[STAGES];
 };

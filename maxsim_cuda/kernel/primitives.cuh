@@ -16,6 +16,25 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// Programmatic dependent launch (launch_programmatic, scheduler.cuh). A grid launched with
+// programmatic stream serialization may start while the stream's previous kernel still runs:
+// every thread calls wait_prior_grids before its first global-memory access, which returns
+// once the previous grids have finished and their writes are visible (at once after a plain
+// launch). allow_dependent_grids lets the next such launch start its CTAs as this grid's leave
+// the SMs, so its prologue overlaps this grid's tail. Both are sm_90 instructions; code built
+// for an older target has neither, and the host then launches it plainly
+// (programmatic_launch_safe).
+__device__ __forceinline__ void wait_prior_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_dependent_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // 16-byte global -> shared copy that bypasses L1 (documents are streamed once).
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 
 namespace maxsim_cuda {
 namespace kernel {
@@ -82,6 +83,46 @@ cudaError_t resident_ctas(int threads, size_t smem, int cap, int& ctas) {
   }
   ctas = occ;
   return cudaSuccess;
+}
+
+// Host side: whether kKernel's code on the current device was built for sm_90 or later (so
+// it holds wait_prior_grids' instruction): an sm_80 build JIT-compiled for a Hopper card does
+// not, and must not start before the previous kernel has finished. Cached per device.
+// MAXSIM_CUDA_PDL=0 turns programmatic launches off (read per call: comparisons).
+template <auto kKernel>
+bool programmatic_launch_safe() {
+  const char* e = std::getenv("MAXSIM_CUDA_PDL");
+  if (e != nullptr && e[0] == '0') return false;
+  static signed char cache[64] = {0};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  signed char& ok = cache[dev & 63];
+  if (ok == 0) {
+    cudaFuncAttributes attr{};
+    ok = cudaFuncGetAttributes(&attr, kKernel) == cudaSuccess && attr.ptxVersion >= 90 && attr.binaryVersion >= 90
+             ? 1
+             : -1;
+  }
+  return ok > 0;
+}
+
+// Host side: the forward kernels' launch, programmatic (PDL) where programmatic_launch_safe.
+// The kernels call wait_prior_grids before touching global memory and allow_dependent_grids
+// once they have, so the next call's CTAs start as this call's leave the SMs: about 0.4-0.8
+// us a call in a CUDA graph of back-to-back calls (H200, 2026-11-26; maxsim_cuda/NOTES.md).
+template <auto kKernel, class... Args>
+cudaError_t launch_programmatic(unsigned ctas, int threads, size_t smem, cudaStream_t stream, const Args&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(ctas);
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = programmatic_launch_safe<kKernel>() ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kKernel, args...);
 }
 
 }  // namespace kernel
