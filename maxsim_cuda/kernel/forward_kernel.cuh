@@ -140,7 +140,6 @@ __global__ void __launch_bounds__(ML::kThreads, ML::kMinBlocks)
   const StepRange range = cta_steps(pol.steps(), gridDim.x, blockIdx.x);
   if (range.begin >= range.end) return;
   wait_prior_grids();
-  allow_dependent_grids();
 
   constexpr bool KSPLIT = KSplit<ML>::value;
   ML ml;
@@ -195,6 +194,9 @@ __global__ void __launch_bounds__(ML::kThreads, ML::kMinBlocks)
         prod.advance(pol);
       }
       cp_async_commit();
+      // every load issued: the next call's CTAs may take the SM slots this grid's leave
+      // (as the sm_90a producers do; repeated until the CTA ends, which the instruction allows)
+      if (!prod.valid) allow_dependent_grids();
     }
     if constexpr (KSPLIT) {
       ml.compute_k(stage, first_k, last_k, cons.tile_rows(), static_cast<int>(cons.tile * BN), a.ep.with_argmax);
