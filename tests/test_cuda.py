@@ -258,6 +258,22 @@ def test_64bit_indexing(ms, huge_documents, surface):
 
 # ---- CUDA graphs ---------------------------------------------------------------------------------
 
+def capture_after_warmup(fn, warmup=3):
+    """fn run `warmup` times on a side stream (what must not happen inside a capture the first
+    time: allocator growth, workspaces), then captured into a CUDA graph: (graph, the captured
+    call's output)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
 def _refill(case, gen):
     """New random values in the same input tensors (in place)."""
     with torch.no_grad():
@@ -272,15 +288,7 @@ def test_cuda_graph_inference(ms, surface, form):
     case = make_case(surface, gen, n=6, Lq=32, Ld=200, D=128, dtype=torch.float16, device=CUDA)
     if surface == "packed":
         case.max_q_len = case.argmax_width  # reading it would sync
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            case.call(ms, form)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = case.call(ms, form)
+    graph, static_out = capture_after_warmup(lambda: case.call(ms, form))
     for _ in range(2):
         _refill(case, gen)
         graph.replay()
@@ -322,15 +330,7 @@ def test_chained_calls_wait_for_the_previous_kernel(ms, monkeypatch, pdl):
         s2 = ms.score_candidates_padded(s1.view(B2, 2, D1), d2, ql2, dl2)
         return s1, s2
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            chain()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        s1, s2 = chain()
+    graph, (s1, s2) = capture_after_warmup(chain)
     for _ in range(4):
         with torch.no_grad():
             q1.copy_(unit(gen, B1, Lq1, D1, device=CUDA))

@@ -716,44 +716,24 @@ def test_sm90a_kernel_runs_of_steps(ops, monkeypatch, surface):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs sm_90a")
     monkeypatch.delenv("MAXSIM_CUDA_FORCE_MMA_SYNC", raising=False)
-    dim = 128
     for lq in (24, 48, 100):
         gen = torch.Generator().manual_seed(lq)
-        if surface == "padded":
-            B, C, Ld = 8, 150, 24
-            q = make_queries((B, lq, dim), torch.float16, gen, integer=True)
-            v = make_values((B, C, Ld, dim), "int8", gen, integer=True)
-            sc = make_scales((B, C, Ld), gen, integer=True)
-            ql, dl = lengths(B, lq, gen, 3), lengths(B * C, Ld, gen).view(B, C)
-            args = (q.to(CUDA), v.to(CUDA), ql.to(CUDA), dl.to(CUDA))
-            pairs = [(b * C + c, q[b, :int(ql[b])], v[b, c, :int(dl[b, c])], sc[b, c, :int(dl[b, c])])
-                     for b in range(B) for c in range(C)]
-            fwd = ops.padded_forward
-        else:
-            nq, nd, P = 6, 300, 1200
-            qlen, dlen = lengths(nq, lq, gen, 4), lengths(nd, 40, gen)
-            qoffs = torch.cat([torch.zeros(1, dtype=torch.int64), qlen.cumsum(0)])
-            doffs = torch.cat([torch.zeros(1, dtype=torch.int64), dlen.cumsum(0)])
-            q = make_queries((int(qoffs[-1]), dim), torch.float16, gen, integer=True)
-            v = make_values((int(doffs[-1]), dim), "int8", gen, integer=True)
-            sc = make_scales((int(doffs[-1]),), gen, integer=True)
-            pq, pd = query_runs(P, nq, gen), torch.randint(0, nd, (P,), generator=gen)
-            args = (q.to(CUDA), qoffs.to(CUDA), v.to(CUDA), doffs.to(CUDA), pq.to(CUDA), pd.to(CUDA), lq)
-            pairs = packed_pairs(q, qoffs, v, doffs, sc, pq, pd)
-            fwd = ops.packed_forward
-        scores = byte_kernel_variants(monkeypatch, fwd, args, sc.to(CUDA), len(pairs), "MAXSIM_CUDA_HOPPER_BYTES_RUN",
+        fwd, args, sc, pairs = many_steps_call(ops, surface, lq, gen, padded=(8, 150, 24),
+                                               packed=(6, 300, 1200, 40, 12))
+        scores = byte_kernel_variants(monkeypatch, fwd, args, sc, len(pairs), "MAXSIM_CUDA_HOPPER_BYTES_RUN",
                                       ("1", "2", "5"), lq)
         assert_exact_maxsim(scores, pairs, lq)
 
 
-def deferred_finish_call(ops, surface, lq, gen, integer):
-    """A call of many short steps for test_sm90a_kernel_deferred_finish: padded, 12 queries x
-    150 candidates of 0 to 200 rows; packed, 2,000 pairs in runs of one query (empty queries
-    among them) over 400 documents of 0 to 200 rows. Returns (fwd, args, scales, pairs) with
-    the tensors of args and scales on the GPU."""
+def many_steps_call(ops, surface, lq, gen, *, padded, packed, integer=True):
+    """A byte-kernel call of many steps, int8 documents: padded (B, C, Ld) = `padded`, B
+    queries (every third empty) x C candidates of 0 to Ld rows; packed (nq, nd, P, rows,
+    longest) = `packed`, P pairs in runs of one query of 1 to `longest` pairs over nq queries
+    (empty ones among them) and nd documents of 0 to `rows` rows. Returns (fwd, args, scales,
+    pairs), args and scales on the GPU."""
     dim = 128
     if surface == "padded":
-        B, C, Ld = 12, 150, 200
+        B, C, Ld = padded
         q = make_queries((B, lq, dim), torch.float16, gen, integer=integer)
         v = make_values((B, C, Ld, dim), "int8", gen, integer=integer)
         sc = make_scales((B, C, Ld), gen, integer=integer)
@@ -762,16 +742,20 @@ def deferred_finish_call(ops, surface, lq, gen, integer):
         pairs = [(b * C + c, q[b, :int(ql[b])], v[b, c, :int(dl[b, c])], sc[b, c, :int(dl[b, c])])
                  for b in range(B) for c in range(C)]
         return ops.padded_forward, args, sc.to(CUDA), pairs
-    nq, nd, P = 9, 400, 2000
-    qlen, dlen = lengths(nq, lq, gen, 4), lengths(nd, 200, gen)
+    nq, nd, P, rows, longest = packed
+    qlen, dlen = lengths(nq, lq, gen, 4), lengths(nd, rows, gen)
     qoffs = torch.cat([torch.zeros(1, dtype=torch.int64), qlen.cumsum(0)])
     doffs = torch.cat([torch.zeros(1, dtype=torch.int64), dlen.cumsum(0)])
     q = make_queries((int(qoffs[-1]), dim), torch.float16, gen, integer=integer)
     v = make_values((int(doffs[-1]), dim), "int8", gen, integer=integer)
     sc = make_scales((int(doffs[-1]),), gen, integer=integer)
-    pq, pd = query_runs(P, nq, gen, 6), torch.randint(0, nd, (P,), generator=gen)
+    pq, pd = query_runs(P, nq, gen, longest), torch.randint(0, nd, (P,), generator=gen)
     args = (q.to(CUDA), qoffs.to(CUDA), v.to(CUDA), doffs.to(CUDA), pq.to(CUDA), pd.to(CUDA), lq)
     return ops.packed_forward, args, sc.to(CUDA), packed_pairs(q, qoffs, v, doffs, sc, pq, pd)
+
+
+# test_sm90a_kernel_deferred_finish's calls: 1,800 and 2,000 steps of 0 to 200 rows
+SHORT_PADDED, SHORT_PACKED = (12, 150, 200), (9, 400, 2000, 200, 6)
 
 
 @pytest.mark.parametrize("surface", ("padded", "packed"))
@@ -789,11 +773,12 @@ def test_sm90a_kernel_deferred_finish(ops, monkeypatch, surface):
     monkeypatch.setenv("MAXSIM_CUDA_HOPPER_BYTES_TILE", "64")
     for lq in (7, 32):
         gen = torch.Generator().manual_seed(300 + lq)
-        fwd, args, sc, pairs = deferred_finish_call(ops, surface, lq, gen, integer=True)
+        fwd, args, sc, pairs = many_steps_call(ops, surface, lq, gen, padded=SHORT_PADDED, packed=SHORT_PACKED)
         scores = byte_kernel_variants(monkeypatch, fwd, args, sc, len(pairs), "MAXSIM_CUDA_HOPPER_BYTES_DEFERRED",
                                       ("0", "1"), lq)
         assert_exact_maxsim(scores, pairs, lq)
-        fwd, args, sc, pairs = deferred_finish_call(ops, surface, lq, gen, integer=False)
+        fwd, args, sc, pairs = many_steps_call(ops, surface, lq, gen, padded=SHORT_PADDED, packed=SHORT_PACKED,
+                                               integer=False)
         monkeypatch.setenv("MAXSIM_CUDA_HOPPER_BYTES", "1")
         got = {}
         for value in ("0", "1"):
