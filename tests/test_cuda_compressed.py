@@ -716,87 +716,34 @@ def test_sm90a_kernel_runs_of_steps(ops, monkeypatch, surface):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs sm_90a")
     monkeypatch.delenv("MAXSIM_CUDA_FORCE_MMA_SYNC", raising=False)
+    dim = 128
     for lq in (24, 48, 100):
         gen = torch.Generator().manual_seed(lq)
-        fwd, args, sc, pairs = many_steps_call(ops, surface, lq, gen, padded=(8, 150, 24),
-                                               packed=(6, 300, 1200, 40, 12))
-        scores = byte_kernel_variants(monkeypatch, fwd, args, sc, len(pairs), "MAXSIM_CUDA_HOPPER_BYTES_RUN",
+        if surface == "padded":
+            B, C, Ld = 8, 150, 24
+            q = make_queries((B, lq, dim), torch.float16, gen, integer=True)
+            v = make_values((B, C, Ld, dim), "int8", gen, integer=True)
+            sc = make_scales((B, C, Ld), gen, integer=True)
+            ql, dl = lengths(B, lq, gen, 3), lengths(B * C, Ld, gen).view(B, C)
+            args = (q.to(CUDA), v.to(CUDA), ql.to(CUDA), dl.to(CUDA))
+            pairs = [(b * C + c, q[b, :int(ql[b])], v[b, c, :int(dl[b, c])], sc[b, c, :int(dl[b, c])])
+                     for b in range(B) for c in range(C)]
+            fwd = ops.padded_forward
+        else:
+            nq, nd, P = 6, 300, 1200
+            qlen, dlen = lengths(nq, lq, gen, 4), lengths(nd, 40, gen)
+            qoffs = torch.cat([torch.zeros(1, dtype=torch.int64), qlen.cumsum(0)])
+            doffs = torch.cat([torch.zeros(1, dtype=torch.int64), dlen.cumsum(0)])
+            q = make_queries((int(qoffs[-1]), dim), torch.float16, gen, integer=True)
+            v = make_values((int(doffs[-1]), dim), "int8", gen, integer=True)
+            sc = make_scales((int(doffs[-1]),), gen, integer=True)
+            pq, pd = query_runs(P, nq, gen), torch.randint(0, nd, (P,), generator=gen)
+            args = (q.to(CUDA), qoffs.to(CUDA), v.to(CUDA), doffs.to(CUDA), pq.to(CUDA), pd.to(CUDA), lq)
+            pairs = packed_pairs(q, qoffs, v, doffs, sc, pq, pd)
+            fwd = ops.packed_forward
+        scores = byte_kernel_variants(monkeypatch, fwd, args, sc.to(CUDA), len(pairs), "MAXSIM_CUDA_HOPPER_BYTES_RUN",
                                       ("1", "2", "5"), lq)
         assert_exact_maxsim(scores, pairs, lq)
-
-
-def many_steps_call(ops, surface, lq, gen, *, padded, packed, integer=True):
-    """A byte-kernel call of many steps, int8 documents: padded (B, C, Ld) = `padded`, B
-    queries (every third empty) x C candidates of 0 to Ld rows; packed (nq, nd, P, rows,
-    longest) = `packed`, P pairs in runs of one query of 1 to `longest` pairs over nq queries
-    (empty ones among them) and nd documents of 0 to `rows` rows. Returns (fwd, args, scales,
-    pairs), args and scales on the GPU."""
-    dim = 128
-    if surface == "padded":
-        B, C, Ld = padded
-        q = make_queries((B, lq, dim), torch.float16, gen, integer=integer)
-        v = make_values((B, C, Ld, dim), "int8", gen, integer=integer)
-        sc = make_scales((B, C, Ld), gen, integer=integer)
-        ql, dl = lengths(B, lq, gen, 3), lengths(B * C, Ld, gen).view(B, C)
-        args = (q.to(CUDA), v.to(CUDA), ql.to(CUDA), dl.to(CUDA))
-        pairs = [(b * C + c, q[b, :int(ql[b])], v[b, c, :int(dl[b, c])], sc[b, c, :int(dl[b, c])])
-                 for b in range(B) for c in range(C)]
-        return ops.padded_forward, args, sc.to(CUDA), pairs
-    nq, nd, P, rows, longest = packed
-    qlen, dlen = lengths(nq, lq, gen, 4), lengths(nd, rows, gen)
-    qoffs = torch.cat([torch.zeros(1, dtype=torch.int64), qlen.cumsum(0)])
-    doffs = torch.cat([torch.zeros(1, dtype=torch.int64), dlen.cumsum(0)])
-    q = make_queries((int(qoffs[-1]), dim), torch.float16, gen, integer=integer)
-    v = make_values((int(doffs[-1]), dim), "int8", gen, integer=integer)
-    sc = make_scales((int(doffs[-1]),), gen, integer=integer)
-    pq, pd = query_runs(P, nq, gen, longest), torch.randint(0, nd, (P,), generator=gen)
-    args = (q.to(CUDA), qoffs.to(CUDA), v.to(CUDA), doffs.to(CUDA), pq.to(CUDA), pd.to(CUDA), lq)
-    return ops.packed_forward, args, sc.to(CUDA), packed_pairs(q, qoffs, v, doffs, sc, pq, pd)
-
-
-# test_sm90a_kernel_deferred_finish's calls: 1,800 and 2,000 steps of 0 to 200 rows
-SHORT_PADDED, SHORT_PACKED = (12, 150, 200), (9, 400, 2000, 200, 6)
-
-
-@pytest.mark.parametrize("surface", ("padded", "packed"))
-def test_sm90a_kernel_deferred_finish(ops, monkeypatch, surface):
-    """Lq <= 32 on 64-row tiles: a step is finished a step later by one warp, the four taking
-    turns, while the others go on (MAXSIM_CUDA_HOPPER_BYTES_DEFERRED=1, an experiment), or by
-    the warpgroup at the step's end (=0, the default). Many short steps a CTA (documents of 0 to 200 rows,
-    empty ones included), runs that change query (the new query's barrier), empty queries.
-    Integer inputs: both finishes and the mma.sync kernels agree bit for bit, argmax included,
-    and equal the float64 MaxSim. Random inputs: the two finishes agree bit for bit (the same
-    row maxima summed in the same order), for both forms, outputs poisoned first."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the wgmma kernel needs sm_90a")
-    monkeypatch.delenv("MAXSIM_CUDA_FORCE_MMA_SYNC", raising=False)
-    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_BYTES_TILE", "64")
-    for lq in (7, 32):
-        gen = torch.Generator().manual_seed(300 + lq)
-        fwd, args, sc, pairs = many_steps_call(ops, surface, lq, gen, padded=SHORT_PADDED, packed=SHORT_PACKED)
-        scores = byte_kernel_variants(monkeypatch, fwd, args, sc, len(pairs), "MAXSIM_CUDA_HOPPER_BYTES_DEFERRED",
-                                      ("0", "1"), lq)
-        assert_exact_maxsim(scores, pairs, lq)
-        fwd, args, sc, pairs = many_steps_call(ops, surface, lq, gen, padded=SHORT_PADDED, packed=SHORT_PACKED,
-                                               integer=False)
-        monkeypatch.setenv("MAXSIM_CUDA_HOPPER_BYTES", "1")
-        got = {}
-        for value in ("0", "1"):
-            monkeypatch.setenv("MAXSIM_CUDA_HOPPER_BYTES_DEFERRED", value)
-            for index in (True, False):
-                out, arg = fwd(*args, index, sc)
-                poison(out, arg)
-                out, arg = fwd(*args, index, sc)
-                got[value, index] = (out.cpu(), arg.cpu() if index else None)
-        for index in (True, False):
-            a, b = got["0", index], got["1", index]
-            assert torch.equal(a[0].view(torch.int32), b[0].view(torch.int32)), (lq, index)
-            if index:
-                assert torch.equal(a[1], b[1]), lq
-        want, scores = exact_maxsim(pairs), got["1", False][0].double().reshape(-1)
-        finite = want.isfinite()
-        assert torch.allclose(scores[finite], want[finite], rtol=1e-4, atol=1e-3), lq
-        assert torch.equal(scores[~finite], want[~finite]), lq
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))

@@ -80,19 +80,13 @@ struct HopperByteShape {
   static constexpr bool kQueryReuse = true;  // a query is loaded and permuted at kTileQuery only
   static constexpr bool kWiden = false;
   static constexpr int kEmptyArrivals = kSplit * 128;  // every warpgroup reads every slot's TileInfo
-  // 32 query rows on 64-row tiles (short steps), with MAXSIM_CUDA_HOPPER_BYTES_DEFERRED=1: one
-  // warp finishes a step, a step later, while the others go on (finish_step_deferred, an
-  // experiment: maxsim_cuda/NOTES.md), so the parts rotate through four buffers
-  // with full / empty barriers (the 128-row shape, both halves in flight, has no registers to
-  // spare for it: 16 bytes of spills). Split steps: warpgroup 0 merges a step's parts while
-  // warpgroup 1 goes on to the next step, so the parts alternate between two buffers by step.
-  static constexpr bool kDeferredFinish = N_ == 32 && BN_ == 64 && SPLIT_ == 1;
-  static constexpr int kPartBufs = kDeferredFinish ? 4 : kSplit == 2 ? 2 : 1;
+  // split steps: warpgroup 0 merges a step's parts while warpgroup 1 goes on to the next
+  // step, so the parts alternate between two buffers by step
+  static constexpr int kPartBufs = kSplit == 2 ? 2 : 1;
   struct ConsumerSmem {
     alignas(1024) unsigned char qperm[KB * N_ * 128];  // the permuted query (B), 128-byte swizzled
     float part_m[kPartBufs][kSplit * 4][N_];           // each warp's column maxima of a step
     int part_i[kPartBufs][kSplit * 4][N_];
-    uint64_t parts_full[kPartBufs], parts_empty[kPartBufs];  // kDeferredFinish
   };
   static_assert(N_ == 32 || N_ == 64, "N");
   static_assert(BN_ == 64 || BN_ == 128, "BN");
@@ -211,59 +205,6 @@ struct ColumnMax {
   }
 };
 
-// What the finishing warp needs of a step it finishes a step later.
-struct PendingStep {
-  int64_t set, n, len;
-  int32_t qlen;
-  bool ok;
-};
-
-// One warp finishes step k (32 query rows, one 64-row block, no query chunks) after the four
-// warps have put their parts in buffer b: the column maxima merged over the warps, the argmax
-// row pass and the ordered row sum of finish_chunk for one segment (the same values, added in
-// the same order, so the same bits), then the buffer is released. The other warps do not wait:
-// where finish_chunk's three warpgroup barriers a step stood, a warp waits only when the
-// buffer it is about to fill has not been read yet.
-template <int N, int PARTS, class Policy>
-__device__ __forceinline__ void finish_step_deferred(const float (&part_m)[PARTS][N], const int (&part_i)[PARTS][N],
-                                                     const Policy& pol, const PendingStep& ps,
-                                                     const EpilogueArgs& ea, int lane) {
-  constexpr int BM = 64;
-  const StepDesc d = pol.step_at(ps.set, ps.n, ps.ok, 0, ps.len, int64_t(ps.qlen));
-  float m = neg_inf<float>();
-  int idx = kNoIndex;
-  if (ea.with_argmax) {
-#pragma unroll
-    for (int w = 0; w < PARTS; ++w) merge(m, idx, part_m[w][lane], part_i[w][lane]);
-  } else {
-#pragma unroll
-    for (int w = 0; w < PARTS; w += 4) {
-      m = max_nan(m, max_nan(max_nan(part_m[w][lane], part_m[w + 1][lane]),
-                             max_nan(part_m[w + 2][lane], part_m[w + 3][lane])));
-    }
-  }
-  if (ea.with_argmax) {
-#pragma unroll
-    for (int h = 0; h < BM / 32; ++h) {  // rows past N: no match (finish_chunk's -inf rows)
-      const int r = lane + 32 * h;
-      if (r < ea.width) {
-        const bool valid = r < d.qlen0;
-        const int ri = h == 0 ? idx : kNoIndex;
-        ea.argmax[d.out0 * ea.width + r] = (valid && !d.bad && d.dlen > 0) ? (ri == kNoIndex ? 0 : ri) : -1;
-      }
-    }
-    for (int64_t i = BM + lane; i < ea.width; i += 32) ea.argmax[d.out0 * ea.width + i] = -1;
-  }
-  // ordered_sum(rowmax, min(qlen0, BM), 0): rows past N are -inf there
-  const int n = static_cast<int>(d.qlen0 < BM ? d.qlen0 : BM);
-  float acc = 0.f;
-  for (int i = 0; i < n; ++i) {
-    const float v = __shfl_sync(0xffffffffu, m, i & 31);
-    acc += i < N ? v : neg_inf<float>();
-  }
-  if (lane == 0) static_cast<float*>(ea.scores)[d.out0] = d.bad ? quiet_nan<float>() : acc;
-}
-
 template <class T, DocFormat F, class Shape, class Policy>
 __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, const HopperParams<Policy>& hp,
                                                      StepRange range) {
@@ -285,19 +226,6 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
   int64_t cur_set = -1, query = 0, chunk = 0;
   uint32_t qround = 0;
   int parts = 0;  // the step's part buffer
-  // kDeferredFinish with MAXSIM_CUDA_HOPPER_BYTES_DEFERRED=1; else finish_chunk at each step's end
-  const bool deferred = Shape::kDeferredFinish && hp.deferred_finish;
-  [[maybe_unused]] int64_t kstep = 0;   // deferred: the CTA's steps so far
-  [[maybe_unused]] PendingStep pending{};  // and the last one, until its warp finishes it
-  [[maybe_unused]] auto finish_pending = [&] {
-    if constexpr (Shape::kDeferredFinish) {
-      const int64_t j = kstep - 1;
-      const int b = static_cast<int>(j % Shape::kPartBufs);
-      mbar_wait(smem_addr(&sm.parts_full[b]), uint32_t(j / Shape::kPartBufs) & 1);
-      finish_step_deferred<N>(sm.part_m[b], sm.part_i[b], pol, pending, hp.ep, lane);
-      mbar_arrive(smem_addr(&sm.parts_empty[b]));  // each lane after its own reads
-    }
-  };
   for (StepWalk<true> walk(range, pol.Nb, hp.runs); walk.more(); walk.next()) {
     const int64_t qb = walk.set, n = walk.n;  // one 64-row block per set
     if (hp.nchunks > 1 && qb != cur_set) {
@@ -311,10 +239,8 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
       const int buf = static_cast<int>(qround % 2);
       mbar_wait(smem_addr(&sm.qfull[buf]), (qround / 2) & 1);
       ++qround;
-      // every thread must be past the last step's MMAs before qperm is rewritten: the step's
-      // end barriers see to it (split steps: where both warpgroups meet), and steps finished
-      // a step later, which have none, meet here
-      if (deferred) sync();
+      // every thread is past the last step's MMAs (its epilogue's barriers; split steps: the
+      // step's end, where both warpgroups meet), so qperm is free
       permute_query<N, W * 128>(smem_addr(sm.query[buf][0]), perm, static_cast<int>(threadIdx.x));
       // one fence for both proxies' orders: the permuted query's generic writes before the
       // MMAs' async reads, and the raw buffer's generic reads before the producer's next TMA
@@ -418,18 +344,6 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
     }
     // The step's column maxima: over the eight lanes of a column, then over the four warps
     // (eight for split steps; a call without argmax merges the maxima alone).
-    if (deferred) {
-      const int b = static_cast<int>(kstep % Shape::kPartBufs);
-      mbar_wait(smem_addr(&sm.parts_empty[b]), (uint32_t(kstep / Shape::kPartBufs) & 1) ^ 1);
-      index ? cm.template to_warp_parts<true>(sm.part_m[b][warp], sm.part_i[b][warp], g, t4)
-            : cm.template to_warp_parts<false>(sm.part_m[b][warp], sm.part_i[b][warp], g, t4);
-      mbar_arrive(smem_addr(&sm.parts_full[b]));  // each thread after its own writes
-      // the previous step, by its warp (the four take turns), whose parts are likely all in
-      if (kstep > 0 && (kstep - 1) % 4 == warp) finish_pending();
-      pending = PendingStep{qb, n, info.len, info.qlen, (info.flags & kTileOk) != 0};
-      ++kstep;
-      continue;
-    }
     float(&part_m)[W * 4][N] = sm.part_m[parts];
     int(&part_i)[W * 4][N] = sm.part_i[parts];
     index ? cm.template to_warp_parts<true>(part_m[wg * 4 + warp], part_i[wg * 4 + warp], g, t4)
@@ -469,7 +383,6 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
       finish_chunk<float, Shape::BM, 1, 128>(epi, d, 0, 1, carry, hp.ep, tid, sync);
     }
   }
-  if (deferred && kstep > 0 && (kstep - 1) % 4 == warp) finish_pending();
 }
 
 template <class T, DocFormat F, class Shape, class Policy>
@@ -484,16 +397,6 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kCtasPerSm)
   auto& sm = *reinterpret_cast<HopperSmem<Shape>*>(smem_raw + pad);
   const StepRange range = walk_range<true>(hp.sets * hp.pol.Nb);
   if (range.begin >= range.end) return;
-  if constexpr (Shape::kDeferredFinish) {  // (hopper_init_barriers fences and syncs after its own)
-    if (threadIdx.x == 0) {
-      for (int b = 0; b < Shape::kPartBufs; ++b) {
-        // every thread arrives after its own accesses (a lane's arrival after __syncwarp for
-        // its warp was reported as a race by compute-sanitizer's racecheck)
-        mbar_init(smem_addr(&sm.parts_full[b]), 128);  // the four warps
-        mbar_init(smem_addr(&sm.parts_empty[b]), 32);  // the finishing warp
-      }
-    }
-  }
   hopper_init_barriers<Shape>(sm);
   if (uniform(threadIdx.x / 32) == Shape::kProducerWarp) {
     if (threadIdx.x % 32 == 0) hopper_produce<Shape>(sm, hp, range, &qmap, &dmap, &tmap, &smap);

@@ -230,12 +230,6 @@ cudaError_t launch_hopper(const ForwardParams& p, const Policy& pol, const Epilo
   hp.sets = (hp.blocks + Shape::kConsumers - 1) / Shape::kConsumers;
   hp.partial = nullptr;
   hp.ep = ep;
-  {  // MAXSIM_CUDA_HOPPER_BYTES_DEFERRED=1 (read per call): the byte kernel's 64-row Lq <= 32
-     // shape finishes each step a step later, by one warp (an experiment, off by default until
-     // its final form has run on a GPU: maxsim_cuda/NOTES.md)
-    const char* e = std::getenv("MAXSIM_CUDA_HOPPER_BYTES_DEFERRED");
-    hp.deferred_finish = e != nullptr && e[0] == '1';
-  }
   const int64_t steps = hp.sets * pol.Nb;
   if (steps <= 0) {
     ran = true;

@@ -40,7 +40,6 @@ struct HopperParams {
   int kchunks;         // streamed shapes: 64-column K-chunks per tile (ceil(dim / 64))
   float* partial;      // nchunks > 1: [Nq * nchunks, Nb] chunk sums
   EpilogueArgs ep;
-  bool deferred_finish;  // the byte kernel's Lq <= 32 shapes (hopper_bytes_deferred)
 };
 
 // First query row of block b.

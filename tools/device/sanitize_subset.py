@@ -223,18 +223,15 @@ if "bytes" in parts:
         compressed_entry_points(torch.bfloat16, 128, fmt, lq=100)
     os.environ.pop("MAXSIM_CUDA_HOPPER_BYTES_SPLIT")
     # runs of several steps a CTA (more steps than CTA slots), one query load a run: a padded
-    # grid of 4 queries x 300 ragged candidates, and 1,200 packed pairs in runs of one query;
-    # each step finished at its end, then a step later by one warp (the deferred finish, an
-    # experiment behind MAXSIM_CUDA_HOPPER_BYTES_DEFERRED=1)
+    # grid of 4 queries x 300 ragged candidates, and 1,200 packed pairs in runs of one query
     dv, ds = maxsim.quantize_documents(rand(4, 300, 24, 128, dtype=torch.float32), "int8")
     qlen = torch.tensor([29, 0, 17, 32], device=dev)
     dlen = torch.randint(0, 25, (4, 300), device=dev)
     pdv, pds = maxsim.quantize_documents(rand(300 * 24, 128, dtype=torch.float32), "int8")
     poffs = torch.arange(0, 300 * 24 + 1, 24, device=dev)
     pq = torch.arange(6, device=dev).repeat_interleave(200) % 4
-    for run, deferred in (("2", "0"), ("5", "0"), ("2", "1"), ("5", "1")):
+    for run in ("2", "5"):
         os.environ["MAXSIM_CUDA_HOPPER_BYTES_RUN"] = run
-        os.environ["MAXSIM_CUDA_HOPPER_BYTES_DEFERRED"] = deferred
         for dtype in (torch.float16, torch.bfloat16):
             q = rand(4, 32, 128, dtype=dtype)
             maxsim.score_candidates_padded(q, dv, qlen, dlen, document_scales=ds)
@@ -244,7 +241,6 @@ if "bytes" in parts:
             maxsim.score_pairs_packed_with_argmax(qp, qoffs, pdv, poffs, pq, torch.arange(1200, device=dev) % 300,
                                                   max_q_len=32, document_scales=pds)
     os.environ.pop("MAXSIM_CUDA_HOPPER_BYTES_RUN")
-    os.environ.pop("MAXSIM_CUDA_HOPPER_BYTES_DEFERRED")
     os.environ.pop("MAXSIM_CUDA_HOPPER_BYTES")
 if "grad_documents" in parts:
     for knob in ("MAXSIM_CUDA_HOPPER_PADDED", "MAXSIM_CUDA_HOPPER_PACKED", "MAXSIM_CUDA_HOPPER_PADDED_CTAS"):
