@@ -168,16 +168,19 @@ __global__ void __launch_bounds__(ML::kThreads, ML::kMinBlocks)
   int64_t cur_key = INT64_MIN, cur_chunk = -1;
   Acc carry = Acc(0);
   while (cons.valid) {
-    if constexpr (ML::kPipelined) cp_async_wait<(S >= 2 ? S - 2 : 0)>();
-    __syncthreads();  // tile `stage` landed for everyone; the slot read last iteration is free
     bool first_k = true, last_k = true;
     if constexpr (KSPLIT) {
       first_k = cons.kc == 0;
       last_k = cons.kc + 1 == cons.nk;
     }
+    // A new query's rows are read before the wait for the step's first tile, so that the two
+    // memory round trips overlap: read after it, a CTA with one step (the small reranks) waits
+    // for both in turn before its first MMA. The previous iteration ended with finish_chunk, so
+    // every thread is past its reads of the query registers (and of the SIMT path's qvalid).
     if (cons.tile == 0 && first_k) {
       if (cons.d.qkey != cur_key || cons.chunk != cur_chunk) {
         if (cons.d.nseg > 1 && cons.d.qkey != cur_key) {
+          __syncthreads();  // the previous step's epilogue has read seg_qlen
           for (int s = threadIdx.x; s < cons.d.nseg; s += ML::kThreads) epi.seg_qlen[s] = pol.seg_qlen(cons.d, s);
           __syncthreads();
         }
@@ -188,6 +191,8 @@ __global__ void __launch_bounds__(ML::kThreads, ML::kMinBlocks)
       }
       ml.reset();
     }
+    if constexpr (ML::kPipelined) cp_async_wait<(S >= 2 ? S - 2 : 0)>();
+    __syncthreads();  // tile `stage` landed for everyone; the slot read last iteration is free
     if constexpr (ML::kPipelined) {
       if (prod.valid) {
         produce(ml, (stage + S - 1) % S, prod, a.queries, a.documents);

@@ -140,8 +140,32 @@ BYTES = [
                    ("LongDocStress", "full"), ("LongDocStressPacked", "ragged"), ("SmallRerank", "full"))
 ]
 
+def workload_call(ms, name, layout, fmt=None):
+    """A benchmarks/compare.py workload's scoring call, float documents or (fmt) quantised."""
+    x = W.build_inputs(W.WORKLOADS[name], "cuda", layout=layout)
+    if fmt is not None:
+        x = W.compress(x, ms, fmt)
+    return lambda: W.maxsim_call(ms, x)
+
+
+# The mma.sync kernels' query load (2026-11-27): a new query read before the wait for its step's
+# first tile, and the full-width load (one address a row, no per-word dim checks). The
+# one-step-a-CTA rows (issue 22's small rows), many-step rows, and the same kernels forced
+# where the sm_90a kernels take a call by default.
+MMA = "MAXSIM_CUDA_FORCE_MMA_SYNC"
+QUERY_LOAD = [
+    *((f"{n} {lay} float16", {}, lambda ms, n=n, lay=lay: workload_call(ms, n, lay))
+      for n, lay in (("SmallRerank", "full"), ("SmallRerank", "ragged"), ("SmallRerankPacked", "ragged"),
+                     ("Rerank", "full"), ("Rerank", "ragged"), ("RerankPacked", "ragged"),
+                     ("HeavyRerankPacked", "ragged"))),
+    *((f"{n} {lay} {fmt or 'float16'}, mma.sync forced", {MMA: "1"}, lambda ms, n=n, lay=lay, f=fmt: workload_call(ms, n, lay, f))
+      for n, lay, fmt in (("SmallRerank", "full", "int8"), ("SmallRerankPacked", "ragged", "int8"),
+                          ("HeavyRerank", "full", None), ("LongDocStress", "full", None),
+                          ("ColBERTCorpus", "ragged", None))),
+]
+
 GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESIDUAL_PAIRS),
-          "grad_documents": GRAD_DOCUMENTS, "bytes": BYTES}
+          "grad_documents": GRAD_DOCUMENTS, "bytes": BYTES, "query_load": QUERY_LOAD}
 
 
 def main():
