@@ -153,6 +153,28 @@ __global__ void __launch_bounds__(ML::kThreads, ML::kMinBlocks)
   TileStream<Policy, BM, BN, KSplit<ML>::chunk> cons, prod;
   cons.start(pol, range, a.dim);
   prod = cons;
+
+  // The query rows of cons's step, when they are not the ones held. The caller has finished
+  // with the held ones: the previous step ended with finish_chunk, so every thread is past its
+  // reads of the query registers (and of the SIMT path's qvalid).
+  int64_t cur_key = INT64_MIN, cur_chunk = -1;
+  auto take_query = [&](bool first_k) {
+    if (cons.tile != 0 || !first_k || (cons.d.qkey == cur_key && cons.chunk == cur_chunk)) return;
+    if (cons.d.nseg > 1 && cons.d.qkey != cur_key) {
+      __syncthreads();  // the previous step's epilogue has read seg_qlen
+      for (int s = threadIdx.x; s < cons.d.nseg; s += ML::kThreads) epi.seg_qlen[s] = pol.seg_qlen(cons.d, s);
+      __syncthreads();
+    }
+    QueryRows qr{&cons.d, epi.seg_qlen, cons.chunk, BM};
+    ml.load_query(a.queries, qr);
+    cur_key = cons.d.qkey;
+    cur_chunk = cons.chunk;
+  };
+  // The first step's query is read before the prologue's tile copies: its loads go out first,
+  // and its row index is not held across the copies (ptxas spilled it there in the e4m3 BM 64
+  // shape at two CTAs an SM).
+  if (cons.valid) take_query(!KSPLIT || cons.kc == 0);
+
   if constexpr (ML::kPipelined) {
 #pragma unroll
     for (int st = 0; st < S - 1; ++st) {
@@ -165,7 +187,6 @@ __global__ void __launch_bounds__(ML::kThreads, ML::kMinBlocks)
   }
 
   int stage = 0;
-  int64_t cur_key = INT64_MIN, cur_chunk = -1;
   Acc carry = Acc(0);
   while (cons.valid) {
     bool first_k = true, last_k = true;
@@ -174,23 +195,9 @@ __global__ void __launch_bounds__(ML::kThreads, ML::kMinBlocks)
       last_k = cons.kc + 1 == cons.nk;
     }
     // A new query's rows are read before the wait for the step's first tile, so that the two
-    // memory round trips overlap: read after it, a CTA with one step (the small reranks) waits
-    // for both in turn before its first MMA. The previous iteration ended with finish_chunk, so
-    // every thread is past its reads of the query registers (and of the SIMT path's qvalid).
-    if (cons.tile == 0 && first_k) {
-      if (cons.d.qkey != cur_key || cons.chunk != cur_chunk) {
-        if (cons.d.nseg > 1 && cons.d.qkey != cur_key) {
-          __syncthreads();  // the previous step's epilogue has read seg_qlen
-          for (int s = threadIdx.x; s < cons.d.nseg; s += ML::kThreads) epi.seg_qlen[s] = pol.seg_qlen(cons.d, s);
-          __syncthreads();
-        }
-        QueryRows qr{&cons.d, epi.seg_qlen, cons.chunk, BM};
-        ml.load_query(a.queries, qr);
-        cur_key = cons.d.qkey;
-        cur_chunk = cons.chunk;
-      }
-      ml.reset();
-    }
+    // memory round trips overlap (read after it, a CTA with one step waits for both in turn).
+    take_query(first_k);
+    if (cons.tile == 0 && first_k) ml.reset();
     if constexpr (ML::kPipelined) cp_async_wait<(S >= 2 ? S - 2 : 0)>();
     __syncthreads();  // tile `stage` landed for everyone; the slot read last iteration is free
     if constexpr (ML::kPipelined) {
