@@ -92,6 +92,7 @@ struct StepDesc {
 struct PaddedPolicy {
   IndexView qlens, dlens;
   int64_t B, C, Lq, Ld;
+  static constexpr bool kOneQueryPerStep = true;  // a step's block is one query (max_segments 1)
 
   __host__ __device__ int64_t steps() const { return B * C; }
   __host__ __device__ int64_t query_rows() const { return B * Lq; }
@@ -158,6 +159,7 @@ struct ContrastiveGrid {
   int64_t Nq, Nb, Lq;
   int G;  // queries stacked per block
   GroupedOrder order;
+  static constexpr bool kOneQueryPerStep = false;  // G stacked queries (the forward kernel's prologue)
   static constexpr bool kStrided = false;  // the warp-specialised kernel's step walk (StepWalk)
   static constexpr bool kPairRows = false;  // see PackedGrid
   // Whole 128-row document tiles and 64-row query blocks: a tile past a document holds the
@@ -318,6 +320,7 @@ struct PackedGrid {
 struct PackedPolicy {
   IndexView qoffs, doffs, pqids, pdids;
   int64_t Nq, Nd, Tq, Td, P;
+  static constexpr bool kOneQueryPerStep = true;
 
   __host__ __device__ int64_t steps() const { return P; }
   __host__ __device__ int64_t query_rows() const { return Tq; }
