@@ -128,10 +128,12 @@ struct FwdSmem {
   static constexpr size_t bytes() { return epi_offset() + sizeof(Epi); }
 };
 
-// A new query's rows into the mainloop (cur_key / cur_chunk name the ones it holds). The
-// previous step ended with finish_chunk, so every thread is past its reads of the query
-// registers (and of the SIMT path's qvalid); seg_qlen (stacked queries) is read by that
-// epilogue too, so its rewrite waits at a barrier first unless the caller has just met one.
+// A new query's rows into the mainloop (cur_key / cur_chunk name the ones it holds), for
+// stacked-query blocks and K-split mainloops; one-query blocks take theirs through the kernel's
+// own lambda (see there). The previous step ended with finish_chunk, so every thread is past
+// its reads of the query registers (and of the SIMT path's qvalid); seg_qlen (stacked queries)
+// is read by that epilogue too, so its rewrite waits at a barrier first unless the caller has
+// just met one.
 template <bool kSyncFirst, class ML, class Stream, class Epi, class Policy>
 __device__ __forceinline__ void take_query(ML& ml, const Stream& cons, Epi& epi, const Policy& pol,
                                            const typename ML::Elem* queries, int64_t& cur_key, int64_t& cur_chunk) {
@@ -177,14 +179,20 @@ __global__ void __launch_bounds__(ML::kThreads, ML::kMinBlocks)
   // one query held in registers: its loads go out first (SmallRerank 8.15 -> 6.73 us, H200),
   // and its row index is not held across the copies (ptxas spilled it there in the e4m3 BM 64
   // shape at two CTAs an SM). Stacked queries (a seg_qlen pass, barriers) and K-split
-  // mainloops (queries staged with the tiles) take theirs in the loop.
+  // mainloops (queries staged with the tiles) take theirs in the loop, through take_query.
+  // The one-query take is this lambda and the others that function because ptxas allocates
+  // registers differently for the two forms of the same code: the function spilled 18 bytes in
+  // the float16 / bfloat16 BM 64 padded shape at sm_90a, the lambda 4-8 bytes in the K-split
+  // and stacked residual shapes (NOTES.md, "The mma.sync kernels' query load").
   int64_t cur_key = INT64_MIN, cur_chunk = -1;
+  auto take_one_query = [&]() {
+    if (cons.d.qkey == cur_key && cons.chunk == cur_chunk) return;
+    ml.load_query(a.queries, QueryRows{&cons.d, epi.seg_qlen, cons.chunk, BM});
+    cur_key = cons.d.qkey;
+    cur_chunk = cons.chunk;
+  };
   if constexpr (!KSPLIT && Policy::kOneQueryPerStep) {
-    if (cons.valid) {
-      ml.load_query(a.queries, QueryRows{&cons.d, epi.seg_qlen, cons.chunk, BM});
-      cur_key = cons.d.qkey;
-      cur_chunk = cons.chunk;
-    }
+    if (cons.valid) take_one_query();
   }
 
   if constexpr (ML::kPipelined) {
@@ -208,7 +216,10 @@ __global__ void __launch_bounds__(ML::kThreads, ML::kMinBlocks)
     // finish_chunk, so every thread is past its reads of the query registers (and of the SIMT
     // path's qvalid); seg_qlen needs the barrier.
     if constexpr (!KSPLIT) {
-      if (cons.tile == 0) take_query<true>(ml, cons, epi, pol, a.queries, cur_key, cur_chunk);
+      if (cons.tile == 0) {
+        if constexpr (Policy::kOneQueryPerStep) take_one_query();
+        else take_query<true>(ml, cons, epi, pol, a.queries, cur_key, cur_chunk);
+      }
     }
     if constexpr (ML::kPipelined) cp_async_wait<(S >= 2 ? S - 2 : 0)>();
     __syncthreads();  // tile `stage` landed for everyone; the slot read last iteration is free
