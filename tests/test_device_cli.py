@@ -2,6 +2,9 @@
 subcommand's --help, how the suite is split into parts, and what the suite would run."""
 from __future__ import annotations
 
+import csv
+import gzip
+
 import pytest
 
 from conftest import REPO_ROOT, _load_source_module
@@ -92,6 +95,51 @@ def test_ncu_specs_name_a_probe_of_overhead_py(monkeypatch):
     assert profiled("BigColBERT:once:maxsim_forward|grad_")[-2:] == ["once", "BigColBERT"]
     with pytest.raises(SystemExit):
         CLI.ncu_spec("BigColBERT:once", args)
+
+
+def test_warm_profiles_keep_the_caches_and_skip_the_first_launch(monkeypatch):
+    seen = []
+    monkeypatch.setattr(CLI, "run", lambda cmd, **kw: seen.append(cmd) or 0)
+
+    def ncu_args(*words):
+        seen.clear()
+        CLI.ncu_spec("SmallRerank-full:call:maxsim_forward", CLI.parser().parse_args(["profile", *words]))
+        cmd = [str(c) for c in seen[0]]
+        return cmd, cmd[cmd.index("--launch-skip") + 1]
+
+    cold, skip = ncu_args("--ncu", "x")
+    assert "--cache-control" not in cold and skip == "0"
+    warm, skip = ncu_args("--ncu", "x", "--warm")
+    assert warm[warm.index("--cache-control") + 1] == "none" and skip == "1"
+    _, skip = ncu_args("--ncu", "x", "--warm", "--launch-skip", "3")
+    assert skip == "3"
+
+
+SASS_RUNS = _load_source_module("maxsim_sass_runs", REPO_ROOT / "tools" / "device" / "sass_runs.py")
+
+
+def test_sass_runs_splits_the_executed_code_where_it_jumps_or_changes_count(tmp_path, capsys):
+    header = ["Address", "Source", "# Samples", "Instructions Executed", "stall_no_inst", "stall_wait",
+              "stall_no_inst (Not Issued)"]
+    # instructions 0-3 run once each, 4-5 never (jumped over), 6-7 once, 8 three times
+    counts = [1, 1, 1, 1, 0, 0, 1, 1, 3]
+    rows = [[hex(0x7f00 + 16 * i), f"  {'@!P0 BRA' if i == 3 else 'IMAD'} R{i}", str(2 + i), str(c),
+             str(i % 2), str(2 + i - i % 2), "0"] for i, c in enumerate(counts)]
+    path = tmp_path / "k.sass.csv.gz"
+    with gzip.open(path, "wt", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["Kernel Name", "k"])
+        w.writerow(header)
+        w.writerows(rows)
+    got = SASS_RUNS.summarise(*SASS_RUNS.read(str(path)), min_run=1)
+    assert [(r.start, r.end, r.executed) for r in got["runs"]] == [(0, 3, 1), (6, 7, 1), (8, 8, 3)]
+    assert got["instructions"] == 9 and got["executed"] == 7
+    assert got["samples"] == sum(2 + i for i in range(9))
+    assert got["stalls"]["stall_no_inst"] == 4 and "stall_no_inst (Not Issued)" not in got["stalls"]
+    assert got["runs"][0].ops == {"BRA": 1, "IMAD": 3}
+    SASS_RUNS.main([str(path), "--top", "2"])
+    out = capsys.readouterr().out
+    assert "9 instructions, 7 executed (3 runs)" in out and "no_inst" in out
 
 
 def test_run_streams_into_the_log_and_prints_the_tail(tmp_path, monkeypatch, capsys):
