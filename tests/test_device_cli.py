@@ -137,6 +137,7 @@ def test_sass_runs_splits_the_executed_code_where_it_jumps_or_changes_count(tmp_
     assert got["samples"] == sum(2 + i for i in range(9))
     assert got["stalls"]["stall_no_inst"] == 4 and "stall_no_inst (Not Issued)" not in got["stalls"]
     assert got["runs"][0].ops == {"BRA": 1, "IMAD": 3}
+    assert [b[:2] for b in SASS_RUNS.summarise(*SASS_RUNS.read(str(path)), top=2)["busiest"]] == [(8, 10), (7, 9)]
     SASS_RUNS.main([str(path), "--top", "2"])
     out = capsys.readouterr().out
     assert "9 instructions, 7 executed (3 runs)" in out and "no_inst" in out

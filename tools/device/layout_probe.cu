@@ -68,6 +68,7 @@ void probe(int64_t B, int64_t C, int64_t Lq, int64_t Ld, FILE* out) {
   std::printf("B %lld C %lld Lq %lld Ld %lld: %.3f us per call (min %.3f), checksum %.6e\n", (long long)B, (long long)C,
               (long long)Lq, (long long)Ld, t[t.size() / 2], t[0], sum);
   std::fwrite(hs.data(), 4, hs.size(), out);
+  cudaGraphExecDestroy(ge); cudaGraphDestroy(g); cudaEventDestroy(a); cudaEventDestroy(b); cudaStreamDestroy(st);
   cudaFree(q); cudaFree(d); cudaFree(s); cudaFree(ql); cudaFree(dl);
 }
 

@@ -44,7 +44,7 @@ def read(path: str):
     return lines[start], lines[start + 1:]
 
 
-def summarise(header, rows, min_run=8):
+def summarise(header, rows, min_run=8, top=12):
     col = {h: i for i, h in enumerate(header)}
     stalls = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
 
@@ -72,8 +72,10 @@ def summarise(header, rows, min_run=8):
         run.no_inst += num(row, "stall_no_inst")
         run.ops[opcode(row[col["Source"]])] += 1
     shown = [r for r in runs if r.end - r.start + 1 >= min_run or r.samples >= max(1, samples // 100)]
+    busiest = [((int(row[col["Address"]], 16) - base) // 16, num(row, "# Samples"), row[col["Source"]].strip())
+               for row in sorted(rows, key=lambda row: -num(row, "# Samples"))[:top]]
     return {"instructions": len(rows), "executed": sum(r.end - r.start + 1 for r in runs), "samples": samples,
-            "stalls": totals, "runs": runs, "shown": shown}
+            "stalls": totals, "runs": runs, "shown": shown, "busiest": busiest}
 
 
 def main(argv=None):
@@ -83,7 +85,7 @@ def main(argv=None):
     ap.add_argument("--min-run", type=int, default=8, help="shortest run listed (busier ones always are)")
     args = ap.parse_args(argv)
     header, rows = read(args.csv_gz)
-    r = summarise(header, rows, args.min_run)
+    r = summarise(header, rows, args.min_run, args.top)
     n = max(r["samples"], 1)
     print(f"{r['instructions']} instructions, {r['executed']} executed ({len(r['runs'])} runs), "
           f"{r['samples']} stall samples")
@@ -94,13 +96,9 @@ def main(argv=None):
         ops = ", ".join(f"{op} {k}" for op, k in run.ops.most_common(3))
         print(f"  {run.start:5d}-{run.end:<5d} {run.end - run.start + 1:5d} {run.executed:9d} {run.samples:8d} "
               f"{run.no_inst:8d}  {ops}")
-    col = {h: i for i, h in enumerate(header)}
-    base = int(rows[0][col["Address"]], 16)
-    busiest = sorted(rows, key=lambda row: -int(row[col["# Samples"]] or 0))[:args.top]
     print("busiest instructions: index  samples  source")
-    for row in busiest:
-        print(f"  {(int(row[col['Address']], 16) - base) // 16:5d} {row[col['# Samples']]:>8}  {row[col['Source']].strip()}")
-
+    for index, samples, source in r["busiest"]:
+        print(f"  {index:5d} {samples:8d}  {source}")
 
 if __name__ == "__main__":
     main()
