@@ -211,7 +211,16 @@ PADDED_SHAPES = [
 
 # Both shapes: two CTAs per SM with 4-slot rings (the default), or one with 8 slots (the
 # only one with the m64n32 tail).
-PADDED_CTAS = pytest.mark.parametrize("ctas", ["2", "1"], ids=["ctas2", "ctas1"])
+# The strided grids' shapes: CTAs an SM, and (dim <= 128) the query streamed beside every
+# K-chunk or resident in two buffers the producer fills a step ahead.
+PADDED_CTAS = pytest.mark.parametrize("ctas", ["2", "1", "2-resident", "1-resident"],
+                                      ids=["ctas2", "ctas1", "ctas2_resident", "ctas1_resident"])
+
+
+def strided_shape(monkeypatch, ctas):
+    count, _, layout = ctas.partition("-")
+    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS", count)
+    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_RESIDENT", "1" if layout == "resident" else "0")
 
 
 def _padded(rng, shape, dtype, **kw):
@@ -228,7 +237,7 @@ def _padded(rng, shape, dtype, **kw):
 def test_padded_matches_reference_and_mma_sync(ms, monkeypatch, rng, shape, dtype, ctas):
     """Against the float64 reference and the mma.sync kernels; padding rows hold large
     garbage (make_padded), so a column past a length that got into a max would show."""
-    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS", ctas)
+    strided_shape(monkeypatch, ctas)
     case = _padded(rng, shape, dtype)
     (s_h, a_h), (s_m, a_m) = both_paths(monkeypatch, lambda: case.call(ms, "_with_argmax"))
     assert_scores(s_h, case)
@@ -248,7 +257,7 @@ def test_padded_exact_ties(ms, monkeypatch, rng, dim, dtype, ctas):
     """Lattice values: every similarity and score is exact, so scores must equal the reference
     bit for bit and every argmax must be the lowest tied row, in full tiles, in tails of each
     MMA width, and across tile and box boundaries."""
-    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS", ctas)
+    strided_shape(monkeypatch, ctas)
     lens = [[0, 1, 31, 32, 33, 63], [64, 65, 127, 128, 129, 300], [150, 200, 255, 256, 257, 300]]
     case = make_padded(rng, 3, 6, 32, 300, dim, dtype=dtype, device="cuda", d_lens=lens, values=lattice)
     docs = case.documents
@@ -267,7 +276,7 @@ def test_padded_nan_in_padding_and_documents(ms, monkeypatch, rng, dim, ctas):
     loads must not reach a score (stale slot rows: test_padded_stale_nan_rows). A NaN in a
     real row must: the score is NaN and the argmax of every query row is its position, in
     each tail width (32 at one CTA per SM, 64, 128) and a full tile."""
-    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS", ctas)
+    strided_shape(monkeypatch, ctas)
     lens = [[97, 10, 40, 100, 140, 256], [70, 20, 62, 200, 256, 33]]
     case = make_padded(rng, 2, 6, 32, 256, dim, dtype=torch.float16, device="cuda", d_lens=lens,
                        q_lens=[30, 32])
@@ -323,6 +332,35 @@ def test_padded_train_gradients(ms, rng, dim):
     assert_grads(gd, ed, bound_d, case.queries.dtype)
 
 
+def kernel_names(fn):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out = fn()
+        torch.cuda.synchronize()
+    return out, {e.key for e in prof.key_averages()}
+
+
+RESIDENT_SHAPE = "HopperShapeILi128ELi2ELi1ELb0ELi2ELi2E"  # HopperShape<128, 2, 1, false, 2, 2>
+
+
+@pytest.mark.parametrize("surface", ["padded", "packed"])
+def test_default_rule_takes_resident_shape_for_many_steps(ms, monkeypatch, rng, surface):
+    """Unforced, 180-row documents at dim 128 take the resident shape when the call has at
+    least four steps an SM (Rerank: 1,600) and stay on the mma.sync kernels below that
+    (SmallRerank: 320), where those are faster; the profiler sees which kernel ran."""
+    for knob in ("MAXSIM_CUDA_HOPPER_PADDED", "MAXSIM_CUDA_HOPPER_PACKED", "MAXSIM_CUDA_HOPPER_RESIDENT"):
+        monkeypatch.delenv(knob, raising=False)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for cands, resident in ((4 * sms // 32 + 1, True), (4 * sms // 32 - 1, False)):
+        case = make_padded(rng, 32, cands, 32, 180, 128, dtype=torch.float16, device="cuda",
+                           d_lens=torch.full((32, cands), 180))
+        if surface == "packed":
+            case = padded_as_packed(case)
+        (scores, argmax), names = kernel_names(lambda c=case: c.call(ms, "_with_argmax"))
+        assert any(RESIDENT_SHAPE in n for n in names) == resident, (cands, sorted(names))
+        assert_scores(scores, case)
+        assert_argmax(argmax, case)
+
+
 def test_padded_few_long_pairs(ms, monkeypatch, rng):
     """LongDocStress-like: fewer pairs than SMs, 1030-row documents (eight full tiles and a
     6-row tail)."""
@@ -341,7 +379,7 @@ def test_padded_stale_nan_rows(ms, monkeypatch, rng, ctas):
     70-row tile in the same slots loads three and reads rows 96..127 stale in its m64n128 MMA;
     a 40-row tile leaves NaN in rows 40..63, which a later 10-row tile's m64n64 MMA (two CTAs
     per SM) reads stale. No score may turn NaN, and every one must match the reference."""
-    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS", ctas)
+    strided_shape(monkeypatch, ctas)
     B, C, lq, ld = 8, 100, 32, 128
     choice = torch.randint(0, 4, (B, C), generator=rng)
     d_lens = torch.tensor([100, 70, 40, 10])[choice]
@@ -395,7 +433,7 @@ def test_packed_matches_reference_and_mma_sync(ms, monkeypatch, rng, shape, dtyp
     chunk edges) against ragged documents (edges at 32 / 64 / 128 rows, empty ones, the last
     one's box past the tensor), repeated pairs; the float64 reference and the mma.sync
     kernels; plain scores (with max_q_len) equal to the argmax form's bit for bit."""
-    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS", ctas)
+    strided_shape(monkeypatch, ctas)
     case = _packed(rng, shape, dtype)
     (s_h, a_h), (s_m, a_m) = both_paths(monkeypatch, lambda: case.call(ms, "_with_argmax"))
     assert_scores(s_h, case)
@@ -416,7 +454,7 @@ def test_packed_matches_reference_and_mma_sync(ms, monkeypatch, rng, shape, dtyp
 def test_packed_exact_ties(ms, monkeypatch, rng, dim, dtype, ctas):
     """Lattice values: exact scores bit for bit, and the lowest tied row as argmax, in full
     tiles, in each tail width and across tile and box boundaries."""
-    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS", ctas)
+    strided_shape(monkeypatch, ctas)
     d_lens = [63, 300, 150, 127, 200, 22, 0, 1]
     case = make_packed(rng, [32, 5, 70, 1], d_lens, dim, n_pairs=40, dtype=dtype, device="cuda",
                        values=lattice, max_q_len=70)
@@ -434,7 +472,7 @@ def test_packed_nan_neighbours_and_documents(ms, monkeypatch, rng, dim, ctas):
     and document tiles that run past a segment read NaN rows, which must not reach a score.
     A NaN in a scored document row must: the score is NaN and every query row's argmax is
     that row (in tails of 32, 64 and 128 rows and in a full tile)."""
-    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS", ctas)
+    strided_shape(monkeypatch, ctas)
     q_real, d_real = [30, 1, 64, 33], [97, 10, 40, 100, 140, 256, 20]
     q_lens = [n for r in q_real for n in (r, 40)]  # odd segments: NaN
     d_lens = [n for r in d_real for n in (r, 90)]
@@ -535,7 +573,7 @@ def test_packed_many_steps(ms, monkeypatch, rng, max_q_len, ctas):
     step ahead, over many steps), random repeated pairs, ragged and near-empty segments,
     int32 indices, a sprinkling of bad ids, against the mma.sync kernels (the float64
     reference at this size costs more than the rest of the file)."""
-    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS", ctas)
+    strided_shape(monkeypatch, ctas)
     monkeypatch.delenv("MAXSIM_CHECK_VALUES", raising=False)
     q_lens = rand_lengths(rng, (50,), max_q_len)
     q_lens[torch.rand(50, generator=rng) < 0.1] = 0
@@ -558,6 +596,36 @@ def test_packed_many_steps(ms, monkeypatch, rng, max_q_len, ctas):
     again = case.call(ms, "_with_argmax")  # deterministic, NaN (the bad pairs) included
     assert torch.equal(again[0].isnan(), s_h.isnan()) and torch.equal(again[0].nan_to_num(), s_h.nan_to_num())
     assert torch.equal(again[1], a_h)
+
+
+@pytest.mark.parametrize("run", ["1", "3", "4"])
+@pytest.mark.parametrize("ctas", ["2", "1"], ids=["ctas2", "ctas1"])
+def test_resident_runs_share_queries(ms, monkeypatch, rng, run, ctas):
+    """The resident strided shape loads a query once for a run of steps that share it (a
+    padded query's candidates; consecutive packed pairs with the same query rows) and into
+    two buffers in turn: lattice values, so the scores and argmax must equal the reference
+    and the mma.sync kernels bit for bit, with runs that cut across queries, pair lists
+    grouped by query and shuffled, repeated pairs, empty queries and documents."""
+    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_RUN", run)
+    strided_shape(monkeypatch, f"{ctas}-resident")
+    d_lens = rand_lengths(rng, (9, 7), 300)
+    d_lens[0, :3] = torch.tensor([0, 1, 300])
+    q_lens = rand_lengths(rng, (9,), 32)
+    q_lens[4] = 0
+    padded = make_padded(rng, 9, 7, 32, 300, 128, dtype=torch.float16, device="cuda", d_lens=d_lens,
+                         q_lens=q_lens, values=lattice)
+    assert_exact_ties(ms, monkeypatch, padded)
+    q_lens = rand_lengths(rng, (12,), 64).tolist()
+    q_lens[3] = 0
+    d_lens = rand_lengths(rng, (40,), 260).tolist()
+    d_lens[7] = 0
+    grouped = [(q, d) for q in range(12) for d in torch.randint(0, 40, (9,), generator=rng).tolist()]
+    grouped += [grouped[-1]] * 3
+    order = torch.randperm(len(grouped), generator=rng).tolist()
+    for pairs in (grouped, [grouped[i] for i in order]):
+        packed = make_packed(rng, q_lens, d_lens, 128, pairs=pairs, dtype=torch.bfloat16, device="cuda",
+                             max_q_len=64, values=lattice)
+        assert_exact_ties(ms, monkeypatch, packed)
 
 
 @pytest.mark.parametrize("dim", [128, 320])

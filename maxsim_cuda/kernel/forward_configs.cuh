@@ -95,11 +95,12 @@ cudaError_t launch_contrastive_hopper_streamed(const ForwardParams& p, bool& ran
 }
 
 // Padded (rerank) on sm_90a: one consumer warpgroup per CTA, each step its own query and
-// document, steps strided over the CTAs (PaddedGrid::kStrided). The query changes from one
-// step to the next, so every ring slot carries its query chunk (the streamed shape, any
-// dim; 8 KB reserved, 4 KB loaded for Lq <= 32) and a 16 KB document chunk, loaded only up
-// to the document's length (PaddedGrid::kBoundedLoads). Either way 128 KB of documents are
-// in flight per SM: one CTA with 8 slots, or two CTAs with 4 slots each. Two (the default)
+// document, steps strided over the CTAs in runs (PaddedGrid::kStrided), documents loaded only
+// up to their lengths (PaddedGrid::kBoundedLoads). Two shapes. Streamed (any dim; dim > 128
+// always): every ring slot carries its query chunk (8 KB reserved, 4 KB loaded for Lq <= 32)
+// beside a 16 KB document chunk. Resident (64 < dim <= 128): two 16 KB query buffers and
+// 32 KB whole-tile slots (below). Either way 128 KB or more of documents are in flight per SM: one
+// CTA with 8 streamed / 5 resident slots, or two CTAs with 4 / 2 each. Two (the default)
 // keep two steps' MMAs, folds and epilogues going per SM, so one CTA's epilogue overlaps the
 // other's MMAs, and a call of few steps (SmallRerank: 320) spreads over twice the CTAs.
 inline PaddedGrid make_padded_grid(const ForwardParams& p) {
@@ -107,11 +108,29 @@ inline PaddedGrid make_padded_grid(const ForwardParams& p) {
 }
 // The strided grids' two shapes (padded, and packed as its twin).
 // MAXSIM_CUDA_HOPPER_PADDED_CTAS=1|2 picks (read per call, for experiments).
+// Resident (64 < dim <= 128 by default): whole-tile slots and two query buffers that the
+// producer fills a step ahead, so a step's query is loaded once (once for a run of a padded
+// query's candidates, hopper_strided_run) instead of beside every K-chunk, and its load
+// overlaps the previous step. H100, 2026-11-27, GPU time streamed / resident, us: Rerank full
+// 32.8 / 29.9, ragged 28.0 / 24.0, HeavyRerank full 74.8 / 73.4, ragged 55.1 / 53.8,
+// RerankPacked 30.0 / 23.4, HeavyRerankPacked 62.5 / 51.8, LongDocStressPacked 10.1 / 9.8.
+// MAXSIM_CUDA_HOPPER_RESIDENT=0|1 forces either at dim <= 128 (read per call).
 template <class T, class Grid>
 cudaError_t run_strided_hopper(const ForwardParams& p, const Grid& pol, bool& ran) {
   const EpilogueArgs ep = make_args<T>(p).ep;
   const char* e = std::getenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS");
-  if (e != nullptr && e[0] == '1') return run_forward_hopper<T, HopperShape<64, 8, 1, true>>(p, pol, ep, ran);
+  const bool one_cta = e != nullptr && e[0] == '1';
+  const char* r = std::getenv("MAXSIM_CUDA_HOPPER_RESIDENT");
+  const bool resident = r != nullptr && (r[0] == '0' || r[0] == '1') ? r[0] == '1' : p.dim > 64;
+  if (resident && p.dim <= 128) {
+    if (p.dim <= 64) {
+      return one_cta ? run_forward_hopper<T, HopperShape<64, 10, 1, false, 1, 2>>(p, pol, ep, ran)
+                     : run_forward_hopper<T, HopperShape<64, 4, 1, false, 2, 2>>(p, pol, ep, ran);
+    }
+    return one_cta ? run_forward_hopper<T, HopperShape<128, 5, 1, false, 1, 2>>(p, pol, ep, ran)
+                   : run_forward_hopper<T, HopperShape<128, 2, 1, false, 2, 2>>(p, pol, ep, ran);
+  }
+  if (one_cta) return run_forward_hopper<T, HopperShape<64, 8, 1, true>>(p, pol, ep, ran);
   return run_forward_hopper<T, HopperShape<64, 4, 1, true, 2>>(p, pol, ep, ran);
 }
 

@@ -68,8 +68,10 @@ namespace kernel {
 // and the operands lie below 256 KB, so the add never carries out of it).
 // Streamed: one slot per K-chunk; a chunk's MMAs are issued before the previous chunk's
 // finish (wait_group 1), and a slot is released once its MMAs have read it.
+// qblock: resident shapes, the shared-memory address of this warpgroup's query block.
 template <class T, class Shape, int N>
-__device__ __forceinline__ int hopper_tile_mma(HopperSmem<Shape>& sm, float (&acc)[N / 8][4], int g, int it, int nk) {
+__device__ __forceinline__ int hopper_tile_mma(HopperSmem<Shape>& sm, float (&acc)[N / 8][4], int g, uint32_t qblock,
+                                               int it, int nk) {
   auto& ring = consumer_ring(sm);
   constexpr int S = std::remove_reference_t<decltype(ring)>::kStages;
   using Mma = WgmmaM64<T, N>;
@@ -77,7 +79,7 @@ __device__ __forceinline__ int hopper_tile_mma(HopperSmem<Shape>& sm, float (&ac
   if constexpr (!Shape::kStream) {
     const int stage = it % S;
     const uint32_t slot = smem_addr(ring.slot[stage]);
-    const uint64_t qdesc = sw128_desc(smem_addr(sm.query[0][g]));
+    const uint64_t qdesc = sw128_desc(qblock);
     const uint64_t tdesc = sw128_desc(slot);
     wgmma_fence();
 #pragma unroll
@@ -140,11 +142,20 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
   int64_t cur_set = -1, qb = 0;
   uint32_t qround = 0;
   bool active = false;
+  // One query buffer: released and awaited at every set change, which the walk shows.
+  // Several (resident strided shapes): the producer fills round r's buffer while round r - 1
+  // is scored, and says on a step's first tile that it loaded one (kTileQuery; pair grids
+  // skip a pair's query when the last pair had the same rows), so the old buffer is released
+  // there, once every MMA on it has been waited for.
+  constexpr int QB = Shape::kQueryBufs;
+  static_assert(QB == 1 || Policy::kStrided, "several query buffers: strided walks");
+  uint32_t qblock = 0;
+  if constexpr (!Shape::kStream && QB == 1) qblock = smem_addr(sm.query[0][g]);
   for (StepWalk<Policy::kStrided> walk(range, pol.Nb, hp.runs); walk.more(); walk.next()) {
     const int64_t set = walk.set, n = walk.n;
     if (set != cur_set) {
       // every MMA on the old blocks has drained (streamed shapes keep no blocks)
-      if (!Shape::kStream && cur_set >= 0) mbar_arrive(smem_addr(&sm.qempty[0]));
+      if (!Shape::kStream && QB == 1 && cur_set >= 0) mbar_arrive(smem_addr(&sm.qempty[0]));
       cur_set = set;
       qb = set * C + g;
       active = qb < hp.blocks;  // uniform over the warpgroup
@@ -158,7 +169,7 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
           sync();
         }
       }
-      if constexpr (!Shape::kStream) mbar_wait(smem_addr(&sm.qfull[0]), (qround++) & 1);
+      if constexpr (!Shape::kStream && QB == 1) mbar_wait(smem_addr(&sm.qfull[0]), (qround++) & 1);
     }
     row_max.reset();
     TileInfo info;
@@ -166,6 +177,15 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
       const int stage = it % S;
       int left;
       info = next_tile(ring, it, BN, left);
+      if constexpr (!Shape::kStream && QB > 1) {
+        if (info.flags & kTileQuery) {
+          if (qround > 0) mbar_arrive(smem_addr(&sm.qempty[(qround - 1) % QB]));
+          const uint32_t buf = qround % QB;
+          mbar_wait(smem_addr(&sm.qfull[buf]), (qround / QB) & 1);
+          ++qround;
+          qblock = smem_addr(sm.query[buf][g]);
+        }
+      }
       const bool work = active && left > 0;
       const int nk = Shape::kStream && info.len > 0 ? hp.kchunks : 1;  // the tile's slots
       // Accumulators live from the MMAs to the fold only (the first k-step overwrites them);
@@ -180,15 +200,15 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
       constexpr bool kNarrow32 = kNarrow && Policy::kBoundedLoads && Shape::kCtasPerSm == 1;
       if (kNarrow32 && work && left <= 32) {
         float acc[1][4][4];
-        it = hopper_tile_mma<T, Shape, 32>(sm, acc[0], g, it, nk);
+        it = hopper_tile_mma<T, Shape, 32>(sm, acc[0], g, qblock, it, nk);
         row_max.fold(acc, lane, 0, left, info.tile * BN, hp.ep.with_argmax);
       } else if (kNarrow && work && left <= 64) {
         float acc[1][8][4];
-        it = hopper_tile_mma<T, Shape, 64>(sm, acc[0], g, it, nk);
+        it = hopper_tile_mma<T, Shape, 64>(sm, acc[0], g, qblock, it, nk);
         row_max.fold(acc, lane, 0, left, info.tile * BN, hp.ep.with_argmax);
       } else if (work) {
         float acc[1][Shape::NT][4];
-        it = hopper_tile_mma<T, Shape, 128>(sm, acc[0], g, it, nk);
+        it = hopper_tile_mma<T, Shape, 128>(sm, acc[0], g, qblock, it, nk);
         row_max.fold(acc, lane, 0, left, info.tile * BN, hp.ep.with_argmax);
       } else {  // nothing to compute here: pass the tile's slots on
         mbar_arrive(smem_addr(&ring.empty[stage]));
@@ -240,6 +260,16 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kCtasPerSm)
 
 // ---- host ----
 
+// Consecutive steps a CTA takes at a time on the resident strided shapes (StepWalk<true>): a
+// padded query's candidates share one query load. MAXSIM_CUDA_HOPPER_RUN=K forces K (read per
+// call, for experiments).
+constexpr int64_t kHopperStridedRun = 4;
+inline int64_t hopper_strided_run() {
+  const char* e = std::getenv("MAXSIM_CUDA_HOPPER_RUN");
+  if (e != nullptr && e[0] >= '1' && e[0] <= '9') return std::atoi(e);
+  return kHopperStridedRun;
+}
+
 template <class T, class Shape, class Policy>
 cudaError_t run_forward_hopper(const ForwardParams& p, const Policy& pol, const EpilogueArgs& ep, bool& ran) {
   ran = false;
@@ -252,7 +282,8 @@ cudaError_t run_forward_hopper(const ForwardParams& p, const Policy& pol, const 
     return cudaSuccess;  // not taken: the mma.sync kernels run instead
   }
   if (!kBounded) tmap = dmap;
-  return launch_hopper<Shape, maxsim_forward_hopper_kernel<T, Shape, Policy>>(p, pol, ep, ran, 1, qmap, dmap, tmap);
+  const int64_t run = Shape::kQueryBufs > 1 ? hopper_strided_run() : 1;
+  return launch_hopper<Shape, maxsim_forward_hopper_kernel<T, Shape, Policy>>(p, pol, ep, ran, run, qmap, dmap, tmap);
 }
 
 }  // namespace kernel

@@ -159,39 +159,6 @@ inline bool hopper_applies(const ForwardParams& p) {
   return p.doc_format == DocFormat::kNative && hopper_call_fits(p);
 }
 
-// Rows of an average document: padded, the padded length; else the packed rows per document.
-inline int64_t average_doc_rows(const ForwardParams& p) {
-  if (p.surface == Surface::kPadded) return p.ld;
-  return p.num_docs > 0 ? p.d_rows / p.num_docs : 0;
-}
-
-// Padded and packed calls whose average document is shorter than this stay on the mma.sync
-// kernels at dim <= 128. H100, GPU time per call, mma.sync / this kernel: SmallRerank (Ld
-// 180) full 9.2 / 9.4 us, ragged 8.0 / 8.8; Rerank (Ld 180) full 36.1 / 31.7, ragged 26.4 /
-// 28.6; SmallRerankPacked 8.9 / 10.1, HeavyRerankPacked (average ~160 rows) 57.9 / 62.7.
-// From 256 rows on this kernel wins or ties (HeavyRerank full 81.4 / 75.7, ragged 56.6 /
-// 56.8; LongDocStress 16.1 / 10.6, LongDocStressPacked 16.8 / 10.8; ColPaliRerank ragged
-// 67.8 / 64.6, ColPaliRerankPacked 70.3 / 66.0), and at dim > 128 at every length
-// (RerankD256..1024 8-13% faster).
-constexpr int64_t kHopperMinDocRows = 256;
-
-// Whether this kernel is wanted for the call's surface and shape (contrastive: always).
-// MAXSIM_CUDA_HOPPER_PADDED / MAXSIM_CUDA_HOPPER_PACKED = 1 take it for every padded /
-// packed call it can run, 0 for none (read per call: tests and comparisons).
-inline bool hopper_wanted(const ForwardParams& p) {
-  if (p.doc_format != DocFormat::kNative) return false;  // see hopper_applies
-  if (is_contrastive(static_cast<int>(p.surface))) return true;
-  const char* e = std::getenv(p.surface == Surface::kPacked ? "MAXSIM_CUDA_HOPPER_PACKED" : "MAXSIM_CUDA_HOPPER_PADDED");
-  if (e != nullptr && (e[0] == '0' || e[0] == '1')) return e[0] == '1';
-  return p.dim > 128 || average_doc_rows(p) >= kHopperMinDocRows;
-}
-
-// dim > 128 on sm_90a: the dispatcher sends these calls to the K-streaming launcher
-// (launch_forward_mma_k), which tries the streamed shapes first.
-inline bool hopper_streamed_wanted(const ForwardParams& p) {
-  return p.dim > 128 && hopper_wanted(p) && hopper_applies(p);
-}
-
 // 64-row query blocks of a call (hopper_view's terms): the contrastive policy's blocks of
 // 64 / Lq stacked queries (make_contrastive(p, 64)), padded and packed: one query (pair) a
 // block; for Lq > 64, ceil(Lq / 64) chunks of every query.
@@ -207,6 +174,51 @@ inline HopperBlocks hopper_blocks(const ForwardParams& p) {
   if (g > p.num_queries) g = p.num_queries;
   if (g < 1) g = 1;
   return {(p.num_queries + g - 1) / g, 1};
+}
+
+// Rows of an average document: padded, the padded length; else the packed rows per document.
+inline int64_t average_doc_rows(const ForwardParams& p) {
+  if (p.surface == Surface::kPadded) return p.ld;
+  return p.num_docs > 0 ? p.d_rows / p.num_docs : 0;
+}
+
+// Padded and packed calls whose average document is shorter than this stay on the mma.sync
+// kernels at dim <= 64 (and at dim <= 128 unless the rule below takes them). H100, 2026-11-23,
+// GPU time per call, mma.sync / this kernel's streamed shape: SmallRerank (Ld
+// 180) full 9.2 / 9.4 us, ragged 8.0 / 8.8; Rerank (Ld 180) full 36.1 / 31.7, ragged 26.4 /
+// 28.6; SmallRerankPacked 8.9 / 10.1, HeavyRerankPacked (average ~160 rows) 57.9 / 62.7.
+// From 256 rows on this kernel wins or ties (HeavyRerank full 81.4 / 75.7, ragged 56.6 /
+// 56.8; LongDocStress 16.1 / 10.6, LongDocStressPacked 16.8 / 10.8; ColPaliRerank ragged
+// 67.8 / 64.6, ColPaliRerankPacked 70.3 / 66.0), and at dim > 128 at every length
+// (RerankD256..1024 8-13% faster).
+constexpr int64_t kHopperMinDocRows = 256;
+
+// At 64 < dim <= 128 the resident strided shape (forward_configs.cuh, run_strided_hopper) also
+// beats the mma.sync kernels on shorter documents, given steps enough to fill the grid several
+// times: H100, 2026-11-27, GPU time mma.sync / resident, us: Rerank (Ld 180, 1,600 steps) full
+// 33.3 / 29.9, ragged 24.2 / 24.0; RerankPacked 25.6 / 23.4; HeavyRerankPacked (~160 rows on
+// average) 57.6 / 51.8; but SmallRerank (320 steps) 6.8 / 7.9, SmallRerankPacked 7.2 / 7.9.
+constexpr int64_t kHopperResidentMinDocRows = 150;
+constexpr int64_t kHopperResidentMinStepsPerSm = 4;
+
+// Whether this kernel is wanted for the call's surface and shape (contrastive: always).
+// MAXSIM_CUDA_HOPPER_PADDED / MAXSIM_CUDA_HOPPER_PACKED = 1 take it for every padded /
+// packed call it can run, 0 for none (read per call: tests and comparisons).
+inline bool hopper_wanted(const ForwardParams& p) {
+  if (p.doc_format != DocFormat::kNative) return false;  // see hopper_applies
+  if (is_contrastive(static_cast<int>(p.surface))) return true;
+  const char* e = std::getenv(p.surface == Surface::kPacked ? "MAXSIM_CUDA_HOPPER_PACKED" : "MAXSIM_CUDA_HOPPER_PADDED");
+  if (e != nullptr && (e[0] == '0' || e[0] == '1')) return e[0] == '1';
+  if (p.dim > 128 || average_doc_rows(p) >= kHopperMinDocRows) return true;
+  if (p.dim <= 64 || average_doc_rows(p) < kHopperResidentMinDocRows) return false;
+  const int64_t steps = hopper_blocks(hopper_view(p)).blocks * (p.surface == Surface::kPadded ? p.cands : 1);
+  return steps >= kHopperResidentMinStepsPerSm * p.num_sms;
+}
+
+// dim > 128 on sm_90a: the dispatcher sends these calls to the K-streaming launcher
+// (launch_forward_mma_k), which tries the streamed shapes first.
+inline bool hopper_streamed_wanted(const ForwardParams& p) {
+  return p.dim > 128 && hopper_wanted(p) && hopper_applies(p);
 }
 
 // The launch the sm_90a kernels share (maps: their tensor maps, passed on as kernel

@@ -24,7 +24,8 @@ __device__ __forceinline__ V uniform(V v) {
 // Streamed (STREAM, any dim): a ring slot holds one 64-column K-chunk of the tile and of
 // every consumer's query block, and a tile's MMAs accumulate over ceil(dim / 64) slots, as a
 // GEMM mainloop does; the query chunks come from L2 again for every tile.
-template <int KD_, int STAGES_, int CONSUMERS_, bool STREAM_ = false, int CTAS_ = 1>
+// QBUFS_ (resident strided shapes): query buffers the producer fills a step ahead.
+template <int KD_, int STAGES_, int CONSUMERS_, bool STREAM_ = false, int CTAS_ = 1, int QBUFS_ = 1>
 struct HopperShape {
   static constexpr bool kStream = STREAM_;
   static constexpr int kCtasPerSm = CTAS_;  // resident CTAs an SM is planned for
@@ -45,11 +46,13 @@ struct HopperShape {
   // document rows in one block, each slot's row scales (HopperRing::scales), and two query buffers.
   static constexpr int kDocBlocks = KB;         // 128-byte column blocks of a document tile
   static constexpr uint32_t kScaleBytes = 0;    // per slot
-  static constexpr int kQueryBufs = 1;          // resident query buffers (ring)
-  static constexpr bool kQueryReuse = false;    // pair grids: consecutive pairs of one query load it once
+  static constexpr int kQueryBufs = QBUFS_;     // resident query buffers (ring)
+  // pair grids: consecutive pairs of one query load it once (the consumers follow kTileQuery)
+  static constexpr bool kQueryReuse = QBUFS_ > 1;
   static constexpr bool kWiden = false;         // a widening stage between the rings
   static constexpr int kEmptyArrivals = kConsumers * 128;  // arrivals that free a producer slot
   static_assert(KD % 64 == 0 && KB >= 1 && KB <= 2, "KD");
+  static_assert(QBUFS_ == 1 || (!STREAM_ && CONSUMERS_ == 1), "several query buffers: resident strided shapes");
 };
 
 // What the producer read about the tile in a ring slot: its document (the consumers need no

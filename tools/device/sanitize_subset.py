@@ -2,7 +2,7 @@
 on ragged inputs with odd sizes (partial tiles), empty segments and a bad pair id, with float
 documents, with int8 / float8 ones and with residual (ColBERTv2) codes including bad codes; then the
 half-precision padded and packed calls again with the sm_90a kernel forced on them (by
-default it takes only long documents or dim > 128), in both of its padded shapes; the sm_90a
+default it takes only long documents, many steps or dim > 128), in each of its strided shapes; the sm_90a
 kernel for compressed documents forced, in each of its tile shapes and with runs of several
 steps a CTA (a query loaded once a run); then every
 gradient again with grad_documents' sorted kernel forced (by default it takes only documents
@@ -196,10 +196,26 @@ if "centroids" in parts:
             centroid_scores(query_dtype, centroid_dtype, lq)
 if "hopper" in parts:
     os.environ.update(MAXSIM_CUDA_HOPPER_PADDED="1", MAXSIM_CUDA_HOPPER_PACKED="1")
-    for ctas in ("2", "1"):
-        os.environ["MAXSIM_CUDA_HOPPER_PADDED_CTAS"] = ctas
+    # each CTA count with the query streamed beside every K-chunk and resident in two buffers,
+    # the resident one also in runs of one step and of three (a query loaded once a run)
+    for ctas, resident, run in (("2", "0", "4"), ("1", "0", "4"), ("2", "1", "4"), ("1", "1", "4"),
+                                ("2", "1", "1"), ("2", "1", "3")):
+        os.environ.update(MAXSIM_CUDA_HOPPER_PADDED_CTAS=ctas, MAXSIM_CUDA_HOPPER_RESIDENT=resident,
+                          MAXSIM_CUDA_HOPPER_RUN=run)
         for dtype in (torch.float16, torch.bfloat16):
             every_entry_point(dtype, 128)
+        if resident == "1":  # more steps than CTA slots: runs of several steps, queries reused
+            q, d = rand(4, 32, 128, dtype=torch.float16), rand(4, 300, 40, 128, dtype=torch.float16)
+            qlen = torch.tensor([29, 0, 17, 32], device=dev)
+            dlen = torch.randint(0, 41, (4, 300), generator=gen).to(dev)
+            maxsim.score_candidates_padded_with_argmax(q, d, qlen, dlen)
+            pq = torch.arange(6, device=dev).repeat_interleave(200) % 4
+            maxsim.score_pairs_packed_with_argmax(
+                rand(78, 128, dtype=torch.bfloat16), torch.tensor([0, 29, 29, 46, 78], device=dev),
+                rand(300 * 40, 128, dtype=torch.bfloat16), torch.arange(0, 300 * 40 + 1, 40, device=dev),
+                pq, torch.arange(1200, device=dev) % 300, max_q_len=32)
+    for knob in ("MAXSIM_CUDA_HOPPER_RESIDENT", "MAXSIM_CUDA_HOPPER_RUN"):
+        os.environ.pop(knob)
 if "bytes" in parts:
     # the sm_90a kernel for compressed documents, forced, in each of its Lq <= 32 tile shapes
     os.environ["MAXSIM_CUDA_HOPPER_BYTES"] = "1"
