@@ -13,16 +13,18 @@
 // named barrier instead of __syncthreads). The warpgroups run decoupled, so one's fold and
 // epilogue overlap the others' MMAs.
 //
-// Operands (HopperShape). dim <= 128, resident: the query blocks are loaded once per set
-// (single buffer, reloaded after every warpgroup released it: qempty) and a slot holds a
-// whole document tile. dim > 128 (padded, packed: any dim), streamed: a slot holds one 64-column
+// Operands (HopperShape). dim <= 128, resident: a slot holds a whole document tile and the
+// query blocks are loaded once per set, into one buffer reloaded after every warpgroup
+// released it (contrastive: qempty at the set change), or on the strided grids into two
+// buffers the producer fills a step ahead (the consumer follows its kTileQuery flag). Streamed
+// (dim > 128; padded and packed also when forced at any dim): a slot holds one 64-column
 // K-chunk of the tile and of every block, and a tile's MMAs accumulate over ceil(dim / 64)
 // slots.
 //
 // Schedule. Steps are (set, document) in set-major order, split contiguously over a
-// persistent grid like the mma.sync kernel (contrastive), or strided over it (padded: each
-// step its own query and document, one consumer warpgroup, the query in every slot; packed
-// the same with pair p as a query of one document, its query rows found by the producer).
+// persistent grid like the mma.sync kernel (contrastive), or strided over it in runs
+// (padded: each step its own query and document, one consumer warpgroup; packed the same
+// with pair p as a query of one document, its query rows found by the producer).
 //
 // Bounded loads (padded, packed): a document's last tile, and the query block, arrive as
 // 32-row boxes up to their lengths instead of whole boxes, so a short document costs its own
