@@ -163,6 +163,15 @@ def ids(values, dtype=torch.int64, device="cpu") -> torch.Tensor:
     return torch.as_tensor(values, dtype=dtype, device=device)
 
 
+def kernel_names(fn):
+    """fn()'s result and the names of the CUDA kernels it launched (the profiler elides the
+    template arguments of long names)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out = fn()
+        torch.cuda.synchronize()
+    return out, {e.key for e in prof.key_averages()}
+
+
 def rand_lengths(gen, shape, upper: int, *, full_first=True) -> torch.Tensor:
     """Lengths in [0, upper]; the first is `upper` so the padded extent is always exercised."""
     n = torch.randint(0, upper + 1, shape, generator=gen)

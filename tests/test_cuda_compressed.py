@@ -20,7 +20,7 @@ import importlib
 import pytest
 import torch
 
-from conftest import BACKENDS, load_kernel
+from conftest import BACKENDS, kernel_names, load_kernel
 
 pytestmark = pytest.mark.skipif("cuda" not in BACKENDS, reason="no CUDA backend built")
 CUDA = torch.device("cuda")
@@ -534,13 +534,6 @@ def test_zero_dim_and_empty(ops):
 
 
 # ---- the sm_90a kernel (documents as the register operand) against mma.sync ------------------
-
-def kernel_names(fn):
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        out = fn()
-        torch.cuda.synchronize()
-    return out, {e.key for e in prof.key_averages()}
-
 
 @pytest.mark.parametrize("tile", ("64", "128"))
 @pytest.mark.parametrize("fmt", list(FORMATS))

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from conftest import (
-    BACKENDS, as_padded_documents, assert_argmax, assert_grads, assert_scores, expected_grads,
+    BACKENDS, as_padded_documents, assert_argmax, assert_grads, assert_scores, expected_grads, kernel_names,
     lattice, load_kernel, make_contrastive, make_packed, make_padded, padded_as_packed, rand_lengths,
     run_train, unit,
 )
@@ -330,13 +330,6 @@ def test_padded_train_gradients(ms, rng, dim):
     eq, ed, bound_q, bound_d = expected_grads(case, grad, argmax)
     assert_grads(gq, eq, bound_q, case.queries.dtype)
     assert_grads(gd, ed, bound_d, case.queries.dtype)
-
-
-def kernel_names(fn):
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        out = fn()
-        torch.cuda.synchronize()
-    return out, {e.key for e in prof.key_averages()}
 
 
 
