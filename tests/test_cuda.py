@@ -124,14 +124,23 @@ def grad_documents_case(surface, gen, dtype, dim):
     return as_padded_documents(case) if surface == "contrastive_padded" else case
 
 
+@pytest.mark.parametrize("skew", [False, True], ids=["even", "skewed"])
 @pytest.mark.parametrize("dim", [128, 200, 36])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("surface", SURFACES)
-def test_grad_documents_kernels_agree(ms, monkeypatch, surface, dtype, dim):
+def test_grad_documents_kernels_agree(ms, monkeypatch, surface, dtype, dim, skew):
     """grad_documents by the scan and the sorted kernel (MAXSIM_CUDA_GRAD_D forces one): the
-    same bits (both add a row's contributions in entry order), and the float64 reference."""
-    gen = torch.Generator().manual_seed(dim * 31 + len(surface))
+    same bits (both add a row's contributions in entry order), and the float64 reference.
+    Skewed: every fifth document row scaled by 4 takes most argmaxes, so the sorted kernel
+    meets rows of many hits (groups inside one row) beside rows of one or none (groups that
+    cross rows)."""
+    gen = torch.Generator().manual_seed(dim * 31 + len(surface) + 7 * skew)
     case = grad_documents_case(surface, gen, dtype, dim)
+    if skew:
+        d = case.documents.clone()
+        rows = d.view(-1, d.shape[-1])
+        rows[::5] *= 4
+        case = case.with_qd(case.queries, d)
     g = unit(gen, *case.score_shape).to(CUDA)
     grads = {}
     for kernel in ("scan", "sorted"):

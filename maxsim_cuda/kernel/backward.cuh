@@ -98,7 +98,9 @@ cudaError_t run_grad_documents(const BackwardParams& p, BwdArgs<T, Acc>& a) {
   const int64_t rows = SURF == 0 || SURF == 3 ? a.Ld : (avg_rows > 0 ? avg_rows : 1);
   const int64_t entries = SURF == 0 ? a.Lq : (SURF == 2 ? a.pairs * a.W / a.nd : a.nq * a.Lq);
   const int64_t sms = p.num_sms > 0 ? p.num_sms : 1;
-  const bool sorted = grad_documents_sorted(entries, rows);
+  // (the sorted kernel keeps a hit's query row in 32 bits, so larger queries take scan, knob or not)
+  const bool sorted = grad_documents_sorted(entries, rows) && a.q_rows <= int64_t(UINT32_MAX) &&
+                      a.dim * int64_t(sizeof(T)) <= int64_t(UINT32_MAX);
   int64_t windows = 1;
   if (sorted) {
     constexpr auto kern = grad_documents_sorted_kernel<SURF, T, Acc>;

@@ -43,6 +43,23 @@ __device__ __forceinline__ Quad<T> load_quad(const T* p, int64_t left) {
   }
 }
 
+// A quad in the accumulator's type. bfloat16 to float32 is a shift of the bits: the two
+// halves of a 32-bit pair widen with one operation each (a shift, a mask), where converting
+// element by element extracted the high half first.
+template <class T, class Acc>
+__device__ __forceinline__ void quad_to_acc(const Quad<T>& v, Acc (&x)[kDCols]) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16> && std::is_same_v<Acc, float>) {
+    const uint2 bits = *reinterpret_cast<const uint2*>(&v);
+    x[0] = __uint_as_float(bits.x << 16);
+    x[1] = __uint_as_float(bits.x & 0xffff0000u);
+    x[2] = __uint_as_float(bits.y << 16);
+    x[3] = __uint_as_float(bits.y & 0xffff0000u);
+  } else {
+#pragma unroll
+    for (int c = 0; c < kDCols; ++c) x[c] = to_acc<Acc>(v.v[c]);
+  }
+}
+
 // Walks entries k, k + step, k + 2 step, ... of one document as (outer, inner) = (k / L,
 // k % L) with one division (L = Lq for contrastive, the argmax width for packed; unused for
 // padded, where the entry is the row itself).
@@ -112,9 +129,9 @@ struct DocEntries {
   }
 
   // Entry k at cursor `cur`: its row in the window [j0, j0 + R) (-1 when it has none), with
-  // its weight and query-row offset when it has one.
+  // its weight and the query row it names (an index below q_rows) when it has one.
   __device__ __forceinline__ int window_row(int64_t k, const EntryCursor& cur, int64_t j0, int R, Acc& w,
-                                            int64_t& qoff) const {
+                                            int64_t& qrow) const {
     int64_t p, i, qlen, qr0;
     bool ok = k < nentries;
     if (SURF == 2) {
@@ -153,7 +170,7 @@ struct DocEntries {
     const int64_t am = __ldg(a.argmax + p * a.W + i);
     w = __ldg(a.g + p);
     ok = ok && i < qlen && am >= 0 && am < dlen && am >= j0 && am < j0 + R;
-    qoff = (qr0 + i) * a.dim;
+    qrow = qr0 + i;
     return ok ? static_cast<int>(am - j0) : -1;
   }
 };

@@ -96,14 +96,14 @@ __global__ void __launch_bounds__(kScanThreads, 4) grad_documents_scan_kernel(co
       if (SURF != 0) cur.seek(k0, de.L, 1);
       bool hit[kScanPerThread];
       int jl[kScanPerThread];
-      int64_t qoff[kScanPerThread];
+      int64_t qrow[kScanPerThread];
       Acc w[kScanPerThread];
       int cnt = 0;
 #pragma unroll
       for (int u = 0; u < kScanPerThread; ++u) {
         w[u] = Acc(0);
-        qoff[u] = 0;
-        jl[u] = de.window_row(k0 + u, cur, j0, R, w[u], qoff[u]);
+        qrow[u] = 0;
+        jl[u] = de.window_row(k0 + u, cur, j0, R, w[u], qrow[u]);
         hit[u] = jl[u] >= 0;
         cnt += hit[u] ? 1 : 0;
         if (SURF != 0) cur.next();
@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(kScanThreads, 4) grad_documents_scan_kernel(co
       for (int u = 0; u < kScanPerThread; ++u) {
         if (hit[u]) {
           sm.hit[pos] = ScanHit<Acc>{w[u], jl[u]};
-          sm.hit_off[pos] = qoff[u];
+          sm.hit_off[pos] = qrow[u] * a.dim;
           ++pos;
         }
       }

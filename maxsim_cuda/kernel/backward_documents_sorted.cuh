@@ -7,7 +7,9 @@
 // gathers in flight whatever rows they belong to, adding g_p * q_i into one register quad
 // per lane for the current row, loaded from and stored back to a float32 (float64 for
 // double) shared-memory accumulator when the row changes. A hit costs one broadcast read
-// of the list, one gather and the adds. Torch-free.
+// of the list (its weight and query row together), one gather and the adds; a group of hits
+// that stays in one row skips the row-change checks, so a dense row costs per hit about the
+// gather's address, the conversions and the fused multiply-adds. Torch-free.
 #pragma once
 
 #include <cstdint>
@@ -42,18 +44,28 @@ template <class Acc>
 constexpr int sorted_min_ctas() {
   return sizeof(Acc) == 8 ? 1 : 2;
 }
-template <class T>
+// Gathers a warp keeps in flight: 256 bytes a warp each for 16-bit rows (half that for the
+// packed surface, whose sort holds more registers: 16 spilled 8-36 bytes there).
+template <int SURF, class T>
 constexpr int sorted_in_flight() {
-  return sizeof(T) <= 2 ? 8 : (sizeof(T) == 4 ? 4 : 2);
+  return sizeof(T) <= 2 ? (SURF == 2 ? 8 : 16) : (sizeof(T) == 4 ? 8 : 4);
 }
+
+// A sorted hit: its weight g_p and the query row it gathers, read with one shared load. The
+// row is 32-bit (the host takes this kernel only for queries of fewer than 2^32 rows), and the
+// gather's 64-bit address is one wide multiply-add from it.
+template <class Acc>
+struct SortedHit {
+  Acc w;
+  uint32_t qrow;
+};
 
 template <int SURF, class T, class Acc>
 struct SortedSmem {
   static constexpr int kBatch = kSortThreads * sorted_per_lane<SURF, Acc>();
   static constexpr int kRows = sorted_rows<Acc>();
   Acc acc[kRows][kDChunk];  // the window's gradient rows, one 128-column chunk
-  int64_t hit_off[kBatch];  // the sorted hits: element offset of the query row (row * dim)
-  Acc hit_w[kBatch];        // and its weight g_p
+  SortedHit<Acc> hit[kBatch];     // the batch's hits, sorted by window row
   int cursor[kSortWarps][kRows];  // hits per (warp, row), then where the warp places the next
   int row_start[kRows + 1];       // the sorted list's row boundaries
 };
@@ -76,12 +88,12 @@ __device__ __forceinline__ void sort_batch_hits(SortedSmem<SURF, T, Acc>& sm, co
   if (SURF != 0) cur.seek(k0, de.L, 32);
   int jl[kPer];
   Acc w[kPer];
-  int64_t qoff[kPer];
+  int64_t qrow[kPer];
 #pragma unroll
   for (int u = 0; u < kPer; ++u) {
     w[u] = Acc(0);
-    qoff[u] = 0;
-    jl[u] = de.window_row(k0 + 32 * u, cur, j0, R, w[u], qoff[u]);
+    qrow[u] = 0;
+    jl[u] = de.window_row(k0 + 32 * u, cur, j0, R, w[u], qrow[u]);
     if (SURF != 0) cur.next();
   }
   __syncthreads();  // the cursors are zero
@@ -143,8 +155,7 @@ __device__ __forceinline__ void sort_batch_hits(SortedSmem<SURF, T, Acc>& sm, co
     int pos = 0;
     if (jl[u] >= 0) {
       pos = sm.cursor[warp][jl[u]] + __popc(peers & below);
-      sm.hit_off[pos] = qoff[u];
-      sm.hit_w[pos] = w[u];
+      sm.hit[pos] = SortedHit<Acc>{w[u], static_cast<uint32_t>(qrow[u])};
     }
     __syncwarp();
     if (jl[u] >= 0 && (peers & below) == 0u) sm.cursor[warp][jl[u]] += __popc(peers);
@@ -153,48 +164,86 @@ __device__ __forceinline__ void sort_batch_hits(SortedSmem<SURF, T, Acc>& sm, co
   __syncthreads();
 }
 
+// The gather's address: base + row * row_bytes, the product 32 x 32 -> 64 bits.
+__device__ __forceinline__ const unsigned char* row_address(const unsigned char* base, uint32_t row,
+                                                            uint32_t row_bytes) {
+  return base + static_cast<uint64_t>(row) * row_bytes;
+}
+
 // Rows a warp owns in a window of R: a contiguous block, so that its hits are one run.
 __device__ __forceinline__ int rows_per_warp(int R) { return (R + kSortWarps - 1) / kSortWarps; }
 
 // Warp `warp` adds the sorted hits of its rows [r0, r1) to the window's accumulator, in
 // list order; `fresh`: the accumulator holds nothing yet (the window's only batch), so a row
 // starts from zero instead of its stored value. All lanes take part (also those past dim,
-// whose columns are never written out), so every branch is warp-uniform.
+// whose columns are never written out), so every branch is warp-uniform. Full groups of
+// kInFlight hits issue their gathers without range checks; a group inside the current row
+// (most of them: in-batch training gives a row tens of hits a batch) adds without the row
+// walk. The adds are the same, in the same order, either way.
 template <bool VEC, int SURF, class T, class Acc>
 __device__ __forceinline__ void apply_sorted_hits(SortedSmem<SURF, T, Acc>& sm, int R, int warp, int lane, const T* q,
                                                   int64_t col, int64_t dim, bool fresh) {
-  constexpr int kInFlight = sorted_in_flight<T>();
+  constexpr int kInFlight = sorted_in_flight<SURF, T>();
   const int r0 = warp * rows_per_warp(R), r1 = r0 + rows_per_warp(R) < R ? r0 + rows_per_warp(R) : R;
   if (r0 >= r1) return;
   const int h0 = sm.row_start[r0], h1 = sm.row_start[r1];
   if (h0 == h1) return;
-  const T* qcol = q + (col < dim ? col : 0);
+  const unsigned char* qcol = reinterpret_cast<const unsigned char*>(q + (col < dim ? col : 0));
+  const uint32_t row_bytes = static_cast<uint32_t>(dim * int64_t(sizeof(T)));
   const int64_t left = col < dim ? dim - col : 0;
+  auto gather = [&](uint32_t qrow) {
+    return load_quad<VEC>(reinterpret_cast<const T*>(row_address(qcol, qrow, row_bytes)), left);
+  };
   auto slot = [&](int r) -> Quad<Acc>& { return *reinterpret_cast<Quad<Acc>*>(&sm.acc[r][lane * kDCols]); };
   int row = r0;
   int row_end = sm.row_start[r0 + 1];
   Quad<Acc> cur = fresh ? Quad<Acc>{} : slot(row);
-  for (int h = h0; h < h1; h += kInFlight) {
+  auto add = [&](Acc w, const Quad<T>& v) {
+#pragma unroll
+    Acc x[kDCols];
+    quad_to_acc(v, x);
+#pragma unroll
+    for (int c = 0; c < kDCols; ++c) cur.v[c] += w * x[c];
+  };
+  auto add_walking = [&](int h, Acc w, const Quad<T>& v) {
+    while (h >= row_end) {  // the next row of this warp with hits
+      slot(row) = cur;
+      ++row;
+      row_end = sm.row_start[row + 1];
+      cur = fresh ? Quad<Acc>{} : slot(row);
+    }
+    add(w, v);
+  };
+  int h = h0;
+  for (; h + kInFlight <= h1; h += kInFlight) {
     Quad<T> raw[kInFlight];
     Acc wu[kInFlight];
 #pragma unroll
     for (int u = 0; u < kInFlight; ++u) {  // the group's gathers first
-      const bool in = h + u < h1;
-      wu[u] = in ? sm.hit_w[h + u] : Acc(0);
-      raw[u] = load_quad<VEC>(qcol + (in ? sm.hit_off[h + u] : 0), left);
+      const SortedHit<Acc> hit = sm.hit[h + u];
+      wu[u] = hit.w;
+      raw[u] = gather(hit.qrow);
+    }
+    if (h + kInFlight <= row_end) {
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) add(wu[u], raw[u]);
+    } else {
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) add_walking(h + u, wu[u], raw[u]);
+    }
+  }
+  if (h < h1) {  // the last, partial group: slots past h1 gather hit h's row and add nothing
+    Quad<T> raw[kInFlight];
+    Acc wu[kInFlight];
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      const SortedHit<Acc> hit = sm.hit[h + u < h1 ? h + u : h];
+      wu[u] = hit.w;
+      raw[u] = gather(hit.qrow);
     }
 #pragma unroll
-    for (int u = 0; u < kInFlight; ++u) {  // then the adds, in list order
-      if (h + u < h1) {
-        while (h + u >= row_end) {  // the next row of this warp with hits
-          slot(row) = cur;
-          ++row;
-          row_end = sm.row_start[row + 1];
-          cur = fresh ? Quad<Acc>{} : slot(row);
-        }
-#pragma unroll
-        for (int c = 0; c < kDCols; ++c) cur.v[c] += wu[u] * to_acc<Acc>(raw[u].v[c]);
-      }
+    for (int u = 0; u < kInFlight; ++u) {
+      if (h + u < h1) add_walking(h + u, wu[u], raw[u]);
     }
   }
   slot(row) = cur;
