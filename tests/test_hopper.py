@@ -333,10 +333,11 @@ def test_padded_train_gradients(ms, rng, dim):
 
 
 
+@pytest.mark.parametrize("dim", [128, 64])
 @pytest.mark.parametrize("surface", ["padded", "packed"])
-def test_default_rule_takes_sm90a_kernel_for_many_steps(ms, monkeypatch, rng, surface):
-    """Unforced, 180-row documents at dim 128 take the sm_90a kernel (its resident shape, the
-    default at this dim) when the call has at least four steps an SM (Rerank: 1,600) and stay
+def test_default_rule_takes_sm90a_kernel_for_many_steps(ms, monkeypatch, rng, surface, dim):
+    """Unforced, 180-row documents at dim 128 or 64 take the sm_90a kernel (its resident shape,
+    the default at these dims) when the call has at least four steps an SM (Rerank: 1,600) and stay
     on the mma.sync kernels below that (SmallRerank: 320), where those are faster. The
     profiler sees which kernel ran: it elides template arguments from long names, so the
     sm_90a kernel is told by its parameters (HopperParams)."""
@@ -344,7 +345,7 @@ def test_default_rule_takes_sm90a_kernel_for_many_steps(ms, monkeypatch, rng, su
         monkeypatch.delenv(knob, raising=False)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for cands, hopper in ((4 * sms // 32 + 1, True), (4 * sms // 32 - 1, False)):
-        case = make_padded(rng, 32, cands, 32, 180, 128, dtype=torch.float16, device="cuda",
+        case = make_padded(rng, 32, cands, 32, 180, dim, dtype=torch.float16, device="cuda",
                            d_lens=torch.full((32, cands), 180))
         if surface == "packed":
             case = padded_as_packed(case)

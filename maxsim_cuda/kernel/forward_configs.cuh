@@ -98,8 +98,8 @@ cudaError_t launch_contrastive_hopper_streamed(const ForwardParams& p, bool& ran
 // document, steps strided over the CTAs in runs (PaddedGrid::kStrided), documents loaded only
 // up to their lengths (PaddedGrid::kBoundedLoads). Two shapes. Streamed (any dim; dim > 128
 // always): every ring slot carries its query chunk (8 KB reserved, 4 KB loaded for Lq <= 32)
-// beside a 16 KB document chunk. Resident (64 < dim <= 128): two 16 KB query buffers and
-// 32 KB whole-tile slots (below). Either way 128 KB or more of documents are in flight per SM: one
+// beside a 16 KB document chunk. Resident (dim <= 128): two 16 KB query buffers and
+// 32 KB whole-tile slots (below; at dim <= 64, 8 KB buffers and 16 KB slots). Either way 128 KB or more of documents are in flight per SM: one
 // CTA with 8 streamed / 5 resident slots, or two CTAs with 4 / 2 each. Two (the default)
 // keep two steps' MMAs, folds and epilogues going per SM, so one CTA's epilogue overlaps the
 // other's MMAs, and a call of few steps (SmallRerank: 320) spreads over twice the CTAs.
@@ -108,20 +108,24 @@ inline PaddedGrid make_padded_grid(const ForwardParams& p) {
 }
 // The strided grids' two shapes (padded, and packed as its twin).
 // MAXSIM_CUDA_HOPPER_PADDED_CTAS=1|2 picks (read per call, for experiments).
-// Resident (64 < dim <= 128 by default): whole-tile slots and two query buffers that the
+// Resident (dim <= 128, the default): whole-tile slots and two query buffers that the
 // producer fills a step ahead, so a step's query is loaded once (once for a run of a padded
-// query's candidates, hopper_strided_run) instead of beside every K-chunk, and its load
+// query's candidates, hopper_query_run) instead of beside every K-chunk, and its load
 // overlaps the previous step. H100, 2026-11-27, GPU time streamed / resident, us: Rerank full
 // 32.8 / 29.9, ragged 28.0 / 24.0, HeavyRerank full 74.8 / 73.4, ragged 55.1 / 53.8,
 // RerankPacked 30.0 / 23.4, HeavyRerankPacked 62.5 / 51.8, LongDocStressPacked 10.1 / 9.8.
-// MAXSIM_CUDA_HOPPER_RESIDENT=0|1 forces either at dim <= 128 (read per call).
+// At dim <= 64 (H100, 2026-11-27, the same workloads at dim 64, streamed / resident, us):
+// HeavyRerank full 41.7 / 41.6, ragged 36.4 / 31.4, HeavyRerankPacked 42.6 / 31.4, Rerank full
+// 18.6 / 14.8, ragged 16.9 / 13.9, RerankPacked 17.7 / 14.8, LongDocStress 7.1 / 6.6,
+// ColPaliRerank full 50.5 / 48.8. MAXSIM_CUDA_HOPPER_RESIDENT=0|1 forces either at dim <= 128
+// (read per call).
 template <class T, class Grid>
 cudaError_t run_strided_hopper(const ForwardParams& p, const Grid& pol, bool& ran) {
   const EpilogueArgs ep = make_args<T>(p).ep;
   const char* e = std::getenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS");
   const bool one_cta = e != nullptr && e[0] == '1';
   const char* r = std::getenv("MAXSIM_CUDA_HOPPER_RESIDENT");
-  const bool resident = r != nullptr && (r[0] == '0' || r[0] == '1') ? r[0] == '1' : p.dim > 64;
+  const bool resident = r != nullptr && (r[0] == '0' || r[0] == '1') ? r[0] == '1' : true;
   if (resident && p.dim <= 128) {
     if (p.dim <= 64) {
       return one_cta ? run_forward_hopper<T, HopperShape<64, 10, 1, false, 1, 2>>(p, pol, ep, ran)

@@ -262,16 +262,6 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kCtasPerSm)
 
 // ---- host ----
 
-// Consecutive steps a CTA takes at a time on the resident strided shapes (StepWalk<true>): a
-// padded query's candidates share one query load. MAXSIM_CUDA_HOPPER_RUN=K forces K (read per
-// call, for experiments).
-constexpr int64_t kHopperStridedRun = 4;
-inline int64_t hopper_strided_run() {
-  const char* e = std::getenv("MAXSIM_CUDA_HOPPER_RUN");
-  if (e != nullptr && e[0] >= '1' && e[0] <= '9') return std::atoi(e);
-  return kHopperStridedRun;
-}
-
 template <class T, class Shape, class Policy>
 cudaError_t run_forward_hopper(const ForwardParams& p, const Policy& pol, const EpilogueArgs& ep, bool& ran) {
   ran = false;
@@ -284,7 +274,7 @@ cudaError_t run_forward_hopper(const ForwardParams& p, const Policy& pol, const 
     return cudaSuccess;  // not taken: the mma.sync kernels run instead
   }
   if (!kBounded) tmap = dmap;
-  const int64_t run = Shape::kQueryBufs > 1 ? hopper_strided_run() : 1;
+  const int64_t run = Shape::kQueryBufs > 1 ? hopper_query_run("MAXSIM_CUDA_HOPPER_RUN") : 1;
   return launch_hopper<Shape, maxsim_forward_hopper_kernel<T, Shape, Policy>>(p, pol, ep, ran, run, qmap, dmap, tmap);
 }
 

@@ -28,7 +28,7 @@
 // consumers copy the raw TMA block (two query buffers, so the producer loads the next one
 // while this one is scored) into the permuted, swizzled B block, 4-byte pairs at a time.
 // A new query is the producer's call (kTileQuery on the step's first tile): a CTA walks runs
-// of consecutive steps (hopper_bytes_run), and the steps of a run that share their query
+// of consecutive steps (hopper_query_run), and the steps of a run that share their query
 // (a padded query's candidates; a pair list's consecutive pairs of one query) load and
 // permute it once.
 // Columns past dim are zeros in both operands (TMA fills them), so dim <= 128 takes the same
@@ -454,17 +454,6 @@ inline bool hopper_bytes_split(const ForwardParams& v) {
   return steps <= v.num_sms;
 }
 
-// Consecutive steps a CTA takes at a time (StepWalk<true>): a run of documents of one query
-// loads and permutes the query once (padded grids: candidates of one query; pair grids: the
-// producer sees the same query rows, kQueryReuse). MAXSIM_CUDA_HOPPER_BYTES_RUN=K forces K
-// (read per call).
-constexpr int64_t kHopperBytesRun = 4;
-inline int64_t hopper_bytes_run() {
-  const char* e = std::getenv("MAXSIM_CUDA_HOPPER_BYTES_RUN");
-  if (e != nullptr && e[0] >= '1' && e[0] <= '9') return std::atoi(e);
-  return kHopperBytesRun;
-}
-
 template <class T, DocFormat F, class Shape, class Policy>
 cudaError_t run_forward_hopper_bytes(const ForwardParams& p, const Policy& pol, const EpilogueArgs& ep, bool& ran) {
   ran = false;
@@ -476,7 +465,7 @@ cudaError_t run_forward_hopper_bytes(const ForwardParams& p, const Policy& pol, 
     return cudaSuccess;  // not taken: the mma.sync kernels run instead
   }
   return launch_hopper<Shape, maxsim_forward_hopper_bytes_kernel<T, F, Shape, Policy>>(p, pol, ep, ran,
-                                                                                        hopper_bytes_run(), qmap, dmap,
+                                                                                        hopper_query_run("MAXSIM_CUDA_HOPPER_BYTES_RUN"), qmap, dmap,
                                                                                         tmap, smap);
 }
 

@@ -29,6 +29,17 @@ inline bool force_mma_sync() {
   return e != nullptr && e[0] == '1';
 }
 
+// Consecutive steps a CTA takes at a time on the shapes that keep a query across steps
+// (StepWalk<true>): a padded query's candidates, or a pair list's consecutive pairs of one
+// query, share one query load. `knob` (MAXSIM_CUDA_HOPPER_RUN for the 16-bit resident shapes,
+// MAXSIM_CUDA_HOPPER_BYTES_RUN for the byte kernel) forces another run length, read per call.
+constexpr int64_t kHopperQueryRun = 4;
+inline int64_t hopper_query_run(const char* knob) {
+  const char* e = std::getenv(knob);
+  if (e != nullptr && e[0] >= '1' && e[0] <= '9') return std::atoi(e);
+  return kHopperQueryRun;
+}
+
 using TensorMapEncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                           const cuuint64_t*, const cuuint32_t*, const cuuint32_t*,
                                           CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
@@ -183,7 +194,7 @@ inline int64_t average_doc_rows(const ForwardParams& p) {
 }
 
 // Padded and packed calls whose average document is shorter than this stay on the mma.sync
-// kernels at dim <= 64 (and at dim <= 128 unless the rule below takes them). H100, 2026-11-23,
+// kernels unless the rule below takes them. H100, 2026-11-23,
 // GPU time per call, mma.sync / this kernel's streamed shape: SmallRerank (Ld
 // 180) full 9.2 / 9.4 us, ragged 8.0 / 8.8; Rerank (Ld 180) full 36.1 / 31.7, ragged 26.4 /
 // 28.6; SmallRerankPacked 8.9 / 10.1, HeavyRerankPacked (average ~160 rows) 57.9 / 62.7.
@@ -193,12 +204,16 @@ inline int64_t average_doc_rows(const ForwardParams& p) {
 // (RerankD256..1024 8-13% faster).
 constexpr int64_t kHopperMinDocRows = 256;
 
-// At 64 < dim <= 128 the resident strided shape (forward_configs.cuh, run_strided_hopper) also
+// At dim <= 128 the resident strided shape (forward_configs.cuh, run_strided_hopper) also
 // beats the mma.sync kernels on shorter documents, given steps enough to fill the grid several
 // times: H100, 2026-11-27, GPU time mma.sync / resident, us: Rerank (Ld 180, 1,600 steps) full
 // 33.3 / 29.9, ragged 24.2 / 24.0; RerankPacked 25.6 / 23.4; HeavyRerankPacked (~160 rows on
 // average) 57.6 / 51.8; but SmallRerank (320 steps) 6.8 / 7.9, SmallRerankPacked 7.2 / 7.9.
-constexpr int64_t kHopperResidentMinDocRows = 150;
+// At dim 64 the same: Rerank full 16.4 / 14.8, ragged 14.7 / 13.9, RerankPacked 16.4 / 14.8,
+// HeavyRerankPacked 35.9 / 31.4, SmallRerank full 5.9 / 6.6. RerankPacked's documents average
+// ~112 rows, which the first threshold here (150) left to mma.sync although the resident shape
+// wins there too (dim 128: 25.6 / 23.4; dim 64: 16.4 / 14.8): so 100.
+constexpr int64_t kHopperResidentMinDocRows = 100;
 constexpr int64_t kHopperResidentMinStepsPerSm = 4;
 
 // Whether this kernel is wanted for the call's surface and shape (contrastive: always).
@@ -210,7 +225,7 @@ inline bool hopper_wanted(const ForwardParams& p) {
   const char* e = std::getenv(p.surface == Surface::kPacked ? "MAXSIM_CUDA_HOPPER_PACKED" : "MAXSIM_CUDA_HOPPER_PADDED");
   if (e != nullptr && (e[0] == '0' || e[0] == '1')) return e[0] == '1';
   if (p.dim > 128 || average_doc_rows(p) >= kHopperMinDocRows) return true;
-  if (p.dim <= 64 || average_doc_rows(p) < kHopperResidentMinDocRows) return false;
+  if (average_doc_rows(p) < kHopperResidentMinDocRows) return false;
   const int64_t steps = hopper_blocks(hopper_view(p)).blocks * (p.surface == Surface::kPadded ? p.cands : 1);
   return steps >= kHopperResidentMinStepsPerSm * p.num_sms;
 }

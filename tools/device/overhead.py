@@ -11,11 +11,12 @@ and GPU-only time (CUDA-graph replay), for maxsim and for the raw ops under it. 
     python3 tools/device/overhead.py call NAME LAYOUT [FORMAT]  # one forward call (for ncu);
                                                  # FORMAT: int8 / float8_e4m3fn documents
     python3 tools/device/overhead.py floor      # eager - GPU time of the cheapest calls (host floor)
-    python3 tools/device/overhead.py ab ENV=V[,ENV=V..] NAME:LAYOUT ...  # GPU time with / without knobs
+    python3 tools/device/overhead.py ab ENV=V[+ENV=V][,ENV=V..] NAME:LAYOUT[:DIM] ...  # GPU time with / without knobs
 
 An eager time close to the host time means the call is host-bound; the graph time is what
 the kernels cost. Add `profile` for a torch.profiler table of the training step.
 """
+import dataclasses
 import os
 import sys
 import time
@@ -159,20 +160,24 @@ def floor_probe():
 
 def ab_probe(settings, shapes):
     """GPU time per call by default and with each environment setting (ENV=VALUE, comma-
-    separated; read per call by the kernels' launchers), every graph captured in this
-    process and replayed in alternating rounds so that clocks and neighbours hit all alike."""
+    separated, several joined by '+'; read per call by the kernels' launchers), every graph
+    captured in this process and replayed in alternating rounds so that clocks and neighbours
+    hit all alike. A shape is NAME:LAYOUT, or NAME:LAYOUT:DIM for the workload at another dim."""
     settings = settings.split(",")
     for shape in shapes:
-        name, layout = shape.split(":")
-        x = W.build_inputs(W.WORKLOADS[name], "cuda", layout=layout)
+        name, layout, *dim = shape.split(":")
+        w = W.WORKLOADS[name]
+        if dim:
+            w = dataclasses.replace(w, dim=int(dim[0]))
+            name = f"{name}:d{dim[0]}"
+        x = W.build_inputs(w, "cuda", layout=layout)
         fn = lambda: W.maxsim_call(maxsim, x)  # noqa: E731
         calls, graphs = 20, {}
         for setting in ["default"] + settings:
-            key, value = setting.split("=", 1) if "=" in setting else (None, None)
-            if key:
-                os.environ[key] = value
+            pairs = [kv.split("=", 1) for kv in setting.split("+") if "=" in kv]
+            os.environ.update(dict(pairs))
             graphs[setting] = capture(fn, calls)
-            if key:
+            for key, _ in pairs:
                 os.environ.pop(key)
         times = {k: [] for k in graphs}
         for _ in range(5):
