@@ -199,7 +199,6 @@ __device__ __forceinline__ void apply_sorted_hits(SortedSmem<SURF, T, Acc>& sm, 
   int row_end = sm.row_start[r0 + 1];
   Quad<Acc> cur = fresh ? Quad<Acc>{} : slot(row);
   auto add = [&](Acc w, const Quad<T>& v) {
-#pragma unroll
     Acc x[kDCols];
     quad_to_acc(v, x);
 #pragma unroll
