@@ -117,16 +117,16 @@ inline PaddedGrid make_padded_grid(const ForwardParams& p) {
 // At dim <= 64 (H100, 2026-11-27, the same workloads at dim 64, streamed / resident, us):
 // HeavyRerank full 41.7 / 41.6, ragged 36.4 / 31.4, HeavyRerankPacked 42.6 / 31.4, Rerank full
 // 18.6 / 14.8, ragged 16.9 / 13.9, RerankPacked 17.7 / 14.8, LongDocStress 7.1 / 6.6,
-// ColPaliRerank full 50.5 / 48.8. MAXSIM_CUDA_HOPPER_RESIDENT=0|1 forces either at dim <= 128
-// (read per call).
+// ColPaliRerank full 50.5 / 48.8. MAXSIM_CUDA_HOPPER_RESIDENT=0 forces the streamed shape at
+// dim <= 128 (read per call; 1, the default, is accepted too).
 template <class T, class Grid>
 cudaError_t run_strided_hopper(const ForwardParams& p, const Grid& pol, bool& ran) {
   const EpilogueArgs ep = make_args<T>(p).ep;
   const char* e = std::getenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS");
   const bool one_cta = e != nullptr && e[0] == '1';
   const char* r = std::getenv("MAXSIM_CUDA_HOPPER_RESIDENT");
-  const bool resident = r != nullptr && (r[0] == '0' || r[0] == '1') ? r[0] == '1' : true;
-  if (resident && p.dim <= 128) {
+  const bool streamed = r != nullptr && r[0] == '0';
+  if (!streamed && p.dim <= 128) {
     if (p.dim <= 64) {
       return one_cta ? run_forward_hopper<T, HopperShape<64, 10, 1, false, 1, 2>>(p, pol, ep, ran)
                      : run_forward_hopper<T, HopperShape<64, 4, 1, false, 2, 2>>(p, pol, ep, ran);
