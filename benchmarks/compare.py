@@ -34,6 +34,27 @@ the row's dtype. Implementations:
 - FM-int8, FM-int8-affine: flash_maxsim_int8_symmetric / flash_maxsim_int8 (int8 rows), the
          documents quantised by its quantize_int8_symmetric (int8, fp16 scale) /
          quantize_int8 (uint8, fp16 scale and minimum), queries in float16.
+Residual documents (--documents residual1, residual2, residual4, centroids; opt-in: ColBERTv2 /
+PLAID codes, a centroid id and nbits bits per dimension a token, built from the same float
+documents by workloads.compress before any timing, see workloads.py). Implementations:
+- maxsim: the same entry point with document_codes= and residual_codec= (centroids rows:
+         maxsim.score_centroids over the row's pairs, its query-centroid table included).
+- maxsim-decompress: decompress-then-score: the tokens decompressed in PyTorch ops into the
+         query dtype, then maxsim's float call (both in the timed call): what fusion saves.
+- naive: the same PyTorch decompression, then the naive scoring (centroids rows: the
+         query-centroid table gathered by code, masked max and sum in PyTorch).
+- LIK-residual: late_interaction_kernels.plaid.maxsim_residual (padded) /
+         maxsim_residual_varlen (packed, max_seqlen_d given: no host sync), one query a call
+         at its real length (both score every query against every document, and take no query
+         lengths), the residual bytes re-packed in its bit order beforehand
+         (workloads.little_endian_residuals); it also L2-normalises the queries, which are unit
+         vectors here, so its scores differ from maxsim's by that rounding. nbits 2 and 4 (it has
+         no 1-bit path).
+- LIK-centroids: plaid_approx_score, each query's [n_centroids, Lq] table (a float32 matmul)
+         and its padded codes, the table inside the timed call as maxsim's is.
+A residual row's bytes are codes (int32) + packed residuals + queries + scores + the centroids
+once; a centroids row's leave the residuals out.
+
   The peers' compressed entry points take one query against a padded batch of documents
   (FM) or every query against every document (LIK): a padded rerank with B > 1 queries is a
   Python loop of B calls (each query against its own candidates), corpus scoring with FM a
@@ -125,9 +146,13 @@ REPO = Path(__file__).resolve().parent.parent
 IMPLS = ("maxsim", "naive", "LIK", "FM")
 # Implementations of a compressed-documents row, and the formats each one takes. --impls
 # names them by their package (LIK, FM), or by these names.
-COMPRESSED_IMPLS = {"maxsim": ("int8", "float8_e4m3fn"), "naive": ("int8", "float8_e4m3fn"),
+_RESIDUAL = tuple(W.RESIDUAL_FORMATS)
+COMPRESSED_IMPLS = {"maxsim": ("int8", "float8_e4m3fn", *_RESIDUAL, W.CENTROID_FORMAT),
+                    "naive": ("int8", "float8_e4m3fn", *_RESIDUAL, W.CENTROID_FORMAT),
+                    "maxsim-decompress": _RESIDUAL,
                     "LIK-fp8": ("float8_e4m3fn",), "FM-int8": ("int8",),
-                    "FM-int8-affine": ("int8",)}
+                    "FM-int8-affine": ("int8",), "LIK-residual": _RESIDUAL,
+                    "LIK-centroids": (W.CENTROID_FORMAT,)}
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 RERANK = ("SmallRerank", "Rerank", "HeavyRerank", "LongDocStress", "ColPaliRerank")
 
@@ -291,6 +316,79 @@ def fm_int8_fn(x: W.Inputs, affine=False):
     return (lambda: torch.stack([score(*c) for c in calls])), _per_query_note(len(calls))
 
 
+def _per_query_slices(x: W.Inputs):
+    """For a padded or packed rerank row: per query b, (its rows at their real length, and
+    where its C candidates' tokens lie: padded index b, or the packed token range and
+    its candidates' offsets from 0). Built outside the timed calls."""
+    s = x.shape
+    B, C, Lq = s["B"], s["C"], s["Lq"]
+    q_len = x.query_lengths.tolist()
+    if x.workload.surface == "padded":
+        return [(x.queries[b, :q_len[b]], b) for b in range(B)]
+    queries = W.unpack(x.queries_packed, x.query_offsets, Lq)
+    off = x.document_offsets.tolist()
+    out = []
+    for b in range(B):
+        t0, t1 = off[b * C], off[(b + 1) * C]
+        cu = (x.document_offsets[b * C:(b + 1) * C + 1] - t0).to(torch.int32)
+        out.append((queries[b, :q_len[b]], (t0, t1, cu)))
+    return out
+
+
+def _per_query_call(calls, one, padded, C):
+    """(callable, note) running one(*c) for every query's arguments, stacked into the row's
+    score shape ([B, C] padded, [B * C] packed)."""
+    if len(calls) == 1:
+        return (lambda: one(*calls[0]).reshape(1, C) if padded else one(*calls[0]).reshape(-1)), None
+    join = torch.stack if padded else torch.cat
+    return (lambda: join([one(*c) for c in calls])), _per_query_note(len(calls))
+
+
+def lik_residual_fn(x: W.Inputs):
+    """late-interaction-kernels' residual kernels on the row's codes: (callable, note)."""
+    from late_interaction_kernels.plaid import maxsim_residual, maxsim_residual_varlen
+    _cuda_only(x)
+    nbits = W.RESIDUAL_FORMATS[x.documents_format]
+    if nbits not in (2, 4, 8):
+        raise NoEntryPoint(f"no {nbits}-bit residuals (2, 4 or 8 bits)")
+    padded = x.workload.surface == "padded"
+    s = x.shape
+    res = W.little_endian_residuals(x.document_residuals, nbits, x.workload.dim)
+    cents, weights = x.codec.centroids, x.codec.bucket_weights.float()
+    calls = []
+    for q, where in _per_query_slices(x):
+        if padded:
+            calls.append((q, x.document_codes[where], res[where], x.doc_lengths[where].long()))
+        else:
+            t0, t1, cu = where
+            calls.append((q, x.document_codes[t0:t1], res[t0:t1], cu))
+    if padded:
+        def one(q, codes, r, lengths):
+            return maxsim_residual(q, codes, r, lengths, cents, weights, nbits)
+    else:
+        def one(q, codes, r, cu):
+            return maxsim_residual_varlen(q, codes, r, cu, cents, weights, nbits, max_seqlen_d=s["Ld"])
+    return _per_query_call(calls, one, padded, s["C"])
+
+
+def lik_centroids_fn(x: W.Inputs):
+    """late-interaction-kernels' plaid_approx_score, each query's table computed in the call."""
+    from late_interaction_kernels.plaid import plaid_approx_score
+    _cuda_only(x)
+    padded = x.workload.surface == "padded"
+    s = x.shape
+    B, C, Ld = s["B"], s["C"], s["Ld"]
+    codes = x.document_codes if padded else \
+        W.unpack(x.document_codes.unsqueeze(-1), x.document_offsets, Ld).view(B, C, Ld)
+    lengths = x.doc_lengths.reshape(B, C).long()
+    cents = x.codec.centroids.float()
+    calls = [(q.float(), codes[b], lengths[b]) for b, (q, _) in enumerate(_per_query_slices(x))]
+
+    def one(q, c, lengths_b):
+        return plaid_approx_score(cents @ q.T, c, lengths_b)
+    return _per_query_call(calls, one, padded, C)
+
+
 def make_impl(name, x: W.Inputs, kernel):
     """A zero-argument callable returning the scores, or raises with the reason it can't run."""
     return make_impl_noted(name, x, kernel)[0]
@@ -300,6 +398,12 @@ def make_impl_noted(name, x: W.Inputs, kernel):
     """(callable, note): note says how the call maps onto the implementation, or None."""
     if name == "LIK-fp8":
         return lik_fp8_fn(x)
+    if name == "LIK-residual":
+        return lik_residual_fn(x)
+    if name == "LIK-centroids":
+        return lik_centroids_fn(x)
+    if name == "maxsim-decompress":
+        return (lambda: W.maxsim_call(kernel, W.decompressed(x))), None
     if name in ("FM-int8", "FM-int8-affine"):
         return fm_int8_fn(x, affine=name == "FM-int8-affine")
     return make_plain_impl(name, x, kernel), None
@@ -551,9 +655,9 @@ def document_formats(spec, device):
         spec = "plain,int8,float8_e4m3fn" if device == "cuda" else "plain"
     out = []
     for name in spec.split(","):
-        if name not in ("plain", *W.DOCUMENT_FORMATS):
+        if name not in ("plain", *W.ALL_FORMATS):
             raise SystemExit(f"unknown --documents entry {name!r}; known: plain, "
-                             + ", ".join(W.DOCUMENT_FORMATS))
+                             + ", ".join(W.ALL_FORMATS))
         out.append(None if name == "plain" else name)
     return out
 
@@ -824,8 +928,9 @@ def main():
     p.add_argument("--impls", default=",".join(IMPLS),
                    help="maxsim,naive,LIK,FM (LIK and FM also select their compressed entry points)")
     p.add_argument("--documents", default="auto",
-                   help="plain and/or compressed formats (int8, float8_e4m3fn), comma-separated; "
-                        "'auto': CUDA all three on the compressed workloads, CPU plain")
+                   help="plain and/or compressed formats (int8, float8_e4m3fn, residual1, residual2, "
+                        "residual4, centroids), comma-separated; 'auto': CUDA plain, int8 and "
+                        "float8_e4m3fn on the compressed workloads, CPU plain")
     p.add_argument("--kernel", default=str(REPO), help="kernel repository (default: this one)")
     p.add_argument("--iters", type=int, default=None, help="timed calls (default: CUDA 50, CPU 10)")
     p.add_argument("--warmup", type=int, default=None, help="untimed calls first (CUDA 10, CPU 2)")

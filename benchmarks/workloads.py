@@ -33,6 +33,13 @@ turns an `Inputs` into one whose documents are the quantised copy of the very sa
 float documents (maxsim.quantize_documents, run once, before any timing). COMPRESSED names
 the workloads compare.py runs that way by default: the memory-bound rerank shapes, the
 one-query rerank, and the corpus shapes.
+
+Residual documents (ColBERTv2 / PLAID: a centroid id and nbits bits per dimension a token;
+formats residual1 / residual2 / residual4): `compress` builds a codec from the documents
+(RESIDUAL_CENTROIDS centroids drawn from the document tokens, bucket cutoffs and weights at
+the quantiles of a sample's residuals, as ColBERTv2 trains them) and compresses the very same
+float documents with maxsim.compress_residuals, once, before any timing. The `centroids`
+format scores those residual2 codes by their centroids alone (PLAID's first stage).
 """
 from __future__ import annotations
 
@@ -125,6 +132,17 @@ COMPRESSED = ("HeavyRerank", "ColPaliRerank", "LongDocStress", "SingleQueryReran
 # Compressed document formats: name -> element dtype. Each token also carries one float32 scale.
 DOCUMENT_FORMATS = {"int8": torch.int8, "float8_e4m3fn": torch.float8_e4m3fn}
 SCALE_BYTES = 4
+# Residual formats: name -> nbits. "centroids": the residual2 codes scored by centroid alone.
+RESIDUAL_FORMATS = {"residual1": 1, "residual2": 2, "residual4": 4}
+CENTROID_FORMAT = "centroids"
+ALL_FORMATS = (*DOCUMENT_FORMATS, *RESIDUAL_FORMATS, CENTROID_FORMAT)
+# Centroids of a residual index built here (a GPU index of ~10^5-10^6 tokens has 2^12-2^14;
+# fewer on the CPU, where compressing is a matmul against every centroid).
+RESIDUAL_CENTROIDS = {"cuda": 4096, "cpu": 1024}
+CODE_BYTES = 4  # int32 codes, as colbert-ai's index files store them
+# Workloads of the residual rows: the one-query PLAID rerank and the rerank shapes.
+RESIDUAL = ("SingleQueryRerank", "HeavyRerank", "ColPaliRerank",
+            "SingleQueryRerankPacked", "HeavyRerankPacked", "ColPaliRerankPacked")
 
 
 def default_dtype(w: Workload, device) -> torch.dtype:
@@ -194,6 +212,13 @@ class Inputs:
         Compressed documents: the stored bytes (values + scales) plus the queries and the
         float32 scores written back, i.e. everything the call must move."""
         q_key = "queries_packed" if self.workload.surface == "packed" else "queries"
+        if self.documents_format in RESIDUAL_FORMATS or self.documents_format == CENTROID_FORMAT:
+            # codes (+ packed residuals) + queries + scores, and the centroids once (the
+            # repeats come from L2)
+            keys = (q_key, "document_codes") + (() if self.documents_format == CENTROID_FORMAT
+                                                 else ("document_residuals",))
+            return sum(_nbytes(self.t[k]) for k in keys) + _nbytes(self.codec.centroids) \
+                + 4 * self.num_scores()
         if self.documents_format is not None:
             keys = (q_key, "document_values", "document_scales")
             return sum(_nbytes(self.t[k]) for k in keys) + 4 * self.num_scores()
@@ -208,6 +233,10 @@ class Inputs:
         """Stored bytes of one document token: D elements, plus its scale if compressed."""
         if self.documents_format is None:
             return self.workload.dim * self.dtype.itemsize
+        if self.documents_format == CENTROID_FORMAT:
+            return CODE_BYTES
+        if self.documents_format in RESIDUAL_FORMATS:
+            return CODE_BYTES + self.workload.dim * RESIDUAL_FORMATS[self.documents_format] // 8
         return self.workload.dim * DOCUMENT_FORMATS[self.documents_format].itemsize + SCALE_BYTES
 
     def float_documents(self):
@@ -266,15 +295,78 @@ def build_inputs(w: Workload, device, dtype=None, layout=None, seed=0, shape=Non
 
 
 def compress(x: Inputs, kernel, fmt: str) -> Inputs:
-    """x with its documents also held quantised (kernel.quantize_documents, per token).
+    """x with its documents also held compressed: quantised per token
+    (kernel.quantize_documents) or as residual codes (compress_residual).
 
     The float documents stay in x (for the peers' own quantisers); maxsim_call and
-    naive_call use document_values / document_scales."""
+    naive_call use document_values / document_scales (document_codes / document_residuals
+    and codec for the residual formats)."""
+    if fmt in RESIDUAL_FORMATS or fmt == CENTROID_FORMAT:
+        return compress_residual(x, kernel, fmt)
     if fmt not in DOCUMENT_FORMATS:
-        raise ValueError(f"unknown document format {fmt!r}; known: {', '.join(DOCUMENT_FORMATS)}")
+        raise ValueError(f"unknown document format {fmt!r}; known: {', '.join(ALL_FORMATS)}")
     values, scales = kernel.quantize_documents(x.float_documents(), fmt)
     t = dict(x.t, document_values=values, document_scales=scales)
     return Inputs(x.workload, x.shape, x.dtype, x.layout, t, documents_format=fmt)
+
+
+def residual_codec(kernel, tokens, nbits, n_centroids, seed=1):
+    """A ColBERTv2-style codec for `tokens` [T, D]: centroids drawn from the tokens (k-means
+    would place them better; the timing does not depend on where they are), and the bucket
+    cutoffs and weights at the quantiles of a sample's residuals to their nearest centroid
+    (cutoffs at k / 2**nbits, weights at the midpoints between them). The weights are rounded
+    to the tokens' dtype and kept float32, as colbert-ai keeps float16 weights on a GPU.
+    Returns (codec, bucket_cutoffs)."""
+    gen = torch.Generator(device=tokens.device).manual_seed(seed)
+    pick = torch.randperm(tokens.shape[0], generator=gen, device=tokens.device)
+    centroids = tokens[pick[:n_centroids]].contiguous()
+    sample = tokens[pick[:min(tokens.shape[0], 1 << 14)]].float()
+    cents = centroids.float()
+    nearest = (sample @ cents.T).argmax(dim=-1)
+    residual = (sample - cents[nearest]).flatten()[:1 << 24]   # torch.quantile's input limit
+    levels = 1 << nbits
+    steps = torch.arange(levels, device=tokens.device, dtype=torch.float32)
+    cutoffs = torch.quantile(residual, steps[1:] / levels)
+    weights = torch.quantile(residual, (steps + 0.5) / levels).to(tokens.dtype).float()
+    return kernel.ResidualCodec(centroids, weights, nbits), cutoffs
+
+
+def compress_residual(x: Inputs, kernel, fmt: str) -> Inputs:
+    """x with its documents also held as residual codes of `fmt`'s nbits (centroids: the
+    residual2 codes). Padded documents keep their [B, C, Ld] layout (padding rows are coded
+    too, as an index would store them); packed ones their [T] rows."""
+    docs = x.float_documents()
+    tokens = docs.reshape(-1, docs.shape[-1])
+    nbits = RESIDUAL_FORMATS.get(fmt, 2)
+    codec, cutoffs = residual_codec(kernel, tokens, nbits, RESIDUAL_CENTROIDS[x.device.type])
+    codes, residuals = kernel.compress_residuals(docs, codec, cutoffs)
+    t = dict(x.t, document_codes=codes, document_residuals=residuals, codec=codec)
+    return Inputs(x.workload, x.shape, x.dtype, x.layout, t, documents_format=fmt)
+
+
+def torch_decompress(codes, residuals, codec, dtype):
+    """Residual documents -> tokens [..., D] in `dtype` in plain PyTorch ops (no checks, no
+    host sync: capturable): what a decompress-then-score pipeline writes to memory."""
+    d, nbits = codec.dim, codec.nbits
+    shifts = torch.arange(7, -1, -1, device=residuals.device, dtype=torch.uint8)
+    bits = ((residuals.unsqueeze(-1) >> shifts) & 1).reshape(*residuals.shape[:-1], d, nbits)
+    buckets = (bits.to(torch.int64) << torch.arange(nbits, device=residuals.device)).sum(-1)
+    t = codec.centroids.float()[codes.long()] + codec.bucket_weights.float()[buckets]
+    if codec.normalize:
+        t = torch.nn.functional.normalize(t, p=2, dim=-1, eps=1e-12)
+    return t.to(dtype)
+
+
+def little_endian_residuals(residuals, nbits, dim):
+    """colbert-ai's packed bucket ids re-packed in late-interaction-kernels' order (feature f
+    in byte f // (8 / nbits), at bit (f % (8 / nbits)) * nbits): the same tokens for its
+    residual kernels, which read that order."""
+    shifts = torch.arange(7, -1, -1, device=residuals.device, dtype=torch.uint8)
+    bits = ((residuals.unsqueeze(-1) >> shifts) & 1).reshape(*residuals.shape[:-1], dim, nbits)
+    buckets = (bits.to(torch.int64) << torch.arange(nbits, device=residuals.device)).sum(-1)
+    per_byte = 8 // nbits
+    b = buckets.reshape(*buckets.shape[:-1], dim // per_byte, per_byte)
+    return (b << (torch.arange(per_byte, device=b.device) * nbits)).sum(-1).to(torch.uint8)
 
 
 def dequantized(x: Inputs) -> Inputs:
@@ -284,6 +376,15 @@ def dequantized(x: Inputs) -> Inputs:
     docs = (values.to(torch.float32) * scales.unsqueeze(-1)).to(x.dtype)
     key = "documents" if x.workload.surface == "padded" else "documents_packed"
     return Inputs(x.workload, x.shape, x.dtype, x.layout, dict(x.t, **{key: docs}))
+
+
+def decompressed(x: Inputs, dtype=None) -> Inputs:
+    """x with the float documents replaced by its residual documents decompressed in plain
+    PyTorch (torch_decompress) in the query dtype (or `dtype`)."""
+    docs = torch_decompress(x.document_codes, x.document_residuals, x.codec, dtype or x.dtype)
+    key = "documents" if x.workload.surface == "padded" else "documents_packed"
+    t = {k: v for k, v in x.t.items() if k not in ("document_codes", "document_residuals", "codec")}
+    return Inputs(x.workload, x.shape, x.dtype, x.layout, dict(t, **{key: docs}))
 
 
 def padded_documents(x: Inputs):
@@ -308,7 +409,11 @@ def packed_queries(x: Inputs):
 def maxsim_call(kernel, x: Inputs, leaves=None):
     """The maxsim entry point for this workload; returns scores (grads are side effects)."""
     w = x.workload
-    if x.documents_format is not None:
+    if x.documents_format == CENTROID_FORMAT:
+        return centroid_call(kernel, x)
+    if x.documents_format in RESIDUAL_FORMATS:
+        docs, extra = x.document_residuals, dict(document_codes=x.document_codes, residual_codec=x.codec)
+    elif x.documents_format is not None:
         docs, extra = x.document_values, dict(document_scales=x.document_scales)
     else:
         docs, extra = x.float_documents(), {}
@@ -325,6 +430,49 @@ def maxsim_call(kernel, x: Inputs, leaves=None):
     scores = kernel.score_contrastive_train(q, d, x.document_offsets, query_lengths=x.query_lengths)
     torch.autograd.grad((scores * x.grad_weights).sum(), (q, d))
     return scores.detach()
+
+
+def flat_codes(x: Inputs):
+    """A residual row's codes as a flat [T] of the real tokens + document offsets [N + 1] (for
+    the padded layout a copy without the padding rows; packed: as stored)."""
+    if x.workload.surface == "packed":
+        return x.document_codes, x.document_offsets
+    return x.document_codes[valid_mask(x.doc_lengths, x.shape["Ld"])], offsets(x.doc_lengths)
+
+
+def centroid_call(kernel, x: Inputs):
+    """maxsim.score_centroids over the row's (query, candidate) pairs -> [B, C] (padded) or
+    [P] (packed). Flat codes, pair ids and padded queries are built on the first call and
+    kept in x (outside the timed calls)."""
+    if "centroid_args" not in x.t:
+        codes, offs = flat_codes(x)
+        B, C = x.shape["B"], x.shape["C"]
+        pq = torch.arange(B, device=codes.device, dtype=torch.int32).repeat_interleave(C)
+        pd = torch.arange(B * C, device=codes.device, dtype=torch.int32)
+        q = x.queries if x.workload.surface == "padded" else \
+            unpack(x.queries_packed, x.query_offsets, x.shape["Lq"])
+        x.t["centroid_args"] = (q, codes, offs, pq, pd)
+    q, codes, offs, pq, pd = x.t["centroid_args"]
+    scores = kernel.score_centroids(q, codes, offs, x.codec.centroids, query_lengths=x.query_lengths,
+                                    pair_query_ids=pq, pair_document_ids=pd)
+    return scores.view(x.shape["B"], x.shape["C"]) if x.workload.surface == "padded" else scores
+
+
+def naive_centroids(x: Inputs):
+    """The centroid-only score in plain PyTorch: the [B, n_centroids, Lq] table, gathered by
+    code into [B, C, Ld, Lq], masked, max over tokens, sum over the valid query tokens."""
+    Lq, Ld, B, C = x.shape["Lq"], x.shape["Ld"], x.shape["B"], x.shape["C"]
+    if x.workload.surface == "packed":
+        q = unpack(x.queries_packed, x.query_offsets, Lq)
+        codes = unpack(x.document_codes.unsqueeze(-1), x.document_offsets, Ld).view(B, C, Ld)
+    else:
+        q, codes = x.queries, x.document_codes
+    table = torch.einsum("kd,bid->bki", x.codec.centroids.float(), q.float())   # [B, K, Lq]
+    g = table[torch.arange(B, device=table.device)[:, None, None], codes.long()]   # [B, C, Ld, Lq]
+    g = g.masked_fill(~valid_mask(x.doc_lengths, Ld).unsqueeze(-1), float("-inf"))
+    best = g.amax(dim=2).masked_fill(~valid_mask(x.query_lengths, Lq).unsqueeze(1), 0.0)
+    scores = best.sum(dim=-1)
+    return scores if x.workload.surface == "padded" else scores.flatten()
 
 
 def raw_training_ops(kernel, name):
@@ -396,6 +544,10 @@ def naive_contrastive(q, d_padded, q_len=None, d_len=None):
 def naive_call(x: Inputs, leaves=None):
     """What a PyTorch user writes without a kernel. Packed inputs are padded first;
     compressed documents are read back in the query dtype first (part of the call)."""
+    if x.documents_format == CENTROID_FORMAT:
+        return naive_centroids(x)
+    if x.documents_format in RESIDUAL_FORMATS:
+        return naive_call(decompressed(x), leaves)
     if x.documents_format is not None:
         return naive_call(dequantized(x), leaves)
     w, ragged = x.workload, x.layout == "ragged"

@@ -9,6 +9,7 @@ tomlkit and the two peers, which `wheels` downloads here). For example, one devi
   python3 tools/device/cli.py sanitize
   python3 tools/device/cli.py bench compare           # the published tables' run
   python3 tools/device/cli.py bench compressed
+  python3 tools/device/cli.py bench residual          # compare.py's residual-document rows
   python3 tools/device/cli.py ab --base .base         # A/B against a carried copy of a tree
   python3 tools/device/cli.py profile kernels split --ncu HeavyRerank-full:call:maxsim_forward
 
@@ -45,6 +46,15 @@ INFERENCE_WORKLOADS = (
     "RerankD256,RerankD512,RerankD768,RerankD1024,ContrastiveD256,ContrastiveD512,"
     "ContrastiveD768,ContrastiveD1024")
 TRAINING_WORKLOADS = "Contrastive,LongDocs,BigBatch,ColPali,BigColBERT,DocDoc"
+# `bench residual`: compare.py's residual-document rows, one run each (most wanted first), so
+# that a call that runs out of time keeps the runs before: (JSON stem, workloads, --documents).
+RESIDUAL_RUNS = (
+    ("residual_single", "SingleQueryRerank", "plain,residual2,centroids"),
+    ("residual_single_packed", "SingleQueryRerankPacked", "plain,residual2,centroids"),
+    ("residual_heavy", "HeavyRerank,HeavyRerankPacked", "plain,residual2"),
+    ("residual_colpali", "ColPaliRerank,ColPaliRerankPacked", "plain,residual2"),
+    ("residual_nbits", "SingleQueryRerank", "plain,residual1,residual4"),
+)
 # `wheels`: what setup.sh installs on the GPU machine, and what bench compat needs beyond it.
 BASE_WHEELS = ("kernels==0.17.2", "tomlkit==0.15.2", "late-interaction-kernels==0.4.5",
                "flash-maxsim==0.3.0")
@@ -305,6 +315,26 @@ def cmd_bench_compare(args) -> int:
     return status
 
 
+def cmd_bench_residual(args) -> int:
+    """Build, then benchmarks/compare.py's residual-document rows (ColBERTv2 / PLAID codes:
+    maxsim, decompress-then-score, naive, late-interaction-kernels' residual and centroid
+    kernels, beside the float16 row of the same documents), full layout, in the runs
+    RESIDUAL_RUNS lists: $OUT/<stem>.json each."""
+    if (rc := setup(args)) != 0:
+        return rc
+    status = 0
+    for stem, workloads, documents in RESIDUAL_RUNS:
+        rc = run([sys.executable, "benchmarks/compare.py", "--device", "cuda", "--workloads", workloads,
+                  "--documents", documents, "--layout", "full", "--no-memory", "--iters", str(args.iters),
+                  "--warmup", str(args.warmup), "--json", out_dir() / f"{stem}.json"],
+                 log=f"{stem}.log", tail=0, timeout=args.timeout)
+        status |= note(rc, f"compare.py {stem}")
+        if not DRY_RUN:
+            lines = (out_dir() / f"{stem}.log").read_text(errors="replace").splitlines()
+            print("\n".join(l[:220] for l in lines if re.match(r"  [A-Za-z]", l)), flush=True)
+    return status
+
+
 def cmd_bench_compressed(args) -> int:
     """Build, then tools/device/bench_compressed.py: GPU time of int8 and float8 e4m3fn
     documents against float16 ones on the rerank, long-document, wide and corpus shapes, the
@@ -545,8 +575,8 @@ def parser() -> argparse.ArgumentParser:
     q = add(sub, "sanitize", cmd_sanitize, "build, then compute-sanitizer on sanitize_subset.py")
     q.add_argument("--tool", choices=["both", "memcheck", "racecheck"], default="both")
 
-    bench = sub.add_parser("bench", help="build, then a benchmark: compare, compressed, compat, "
-                           "distributed", description="Benchmarks on the GPU; `bench <name> --help`.")
+    bench = sub.add_parser("bench", help="build, then a benchmark: compare, compressed, residual, "
+                           "compat, distributed", description="Benchmarks on the GPU; `bench <name> --help`.")
     bsub = bench.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
     q = add(bsub, "compare", cmd_bench_compare, "benchmarks/compare.py, as the published tables",
             archs="all")
@@ -558,6 +588,9 @@ def parser() -> argparse.ArgumentParser:
                    help="run once per variant with these environment settings (repeatable)")
     q.add_argument("compare_args", nargs="*", metavar="-- COMPARE_ARGS", help="passed to compare.py")
     add(bsub, "compressed", cmd_bench_compressed, "tools/device/bench_compressed.py")
+    q = add(bsub, "residual", cmd_bench_residual, "benchmarks/compare.py's residual-document rows")
+    q.add_argument("--iters", type=int, default=20)
+    q.add_argument("--warmup", type=int, default=3)
     q = add(bsub, "compat", cmd_bench_compat, "maxsim.compat with PyLate / colpali-engine")
     q.add_argument("--no-tests", action="store_true", help="timings only")
     q.add_argument("--reps", type=int, default=20)
