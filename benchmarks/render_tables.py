@@ -50,8 +50,14 @@ from pathlib import Path
 IMPLS = ("maxsim", "naive", "LIK", "FM")   # compare.py's order; others follow as found
 PEER_NAMES = {"LIK": "late-interaction-kernels", "FM": "flash-maxsim"}
 # The peers' compressed entry points (compare.py's COMPRESSED_IMPLS), as the table names them.
-COMPRESSED_PEERS = {"LIK-fp8": "LIK fp8", "FM-int8": "FM int8", "FM-int8-affine": "FM int8 affine"}
-FORMAT_NAMES = {"int8": "int8", "float8_e4m3fn": "fp8 e4m3fn"}
+# decompress + maxsim is not a peer but the pipeline the fused call replaces: a column the same way.
+COMPRESSED_PEERS = {"LIK-fp8": "LIK fp8", "FM-int8": "FM int8", "FM-int8-affine": "FM int8 affine",
+                    "maxsim-decompress": "decompress + maxsim", "LIK-residual": "LIK residual",
+                    "LIK-centroids": "LIK centroids"}
+FORMAT_NAMES = {"int8": "int8", "float8_e4m3fn": "fp8 e4m3fn", "residual1": "residual 1-bit",
+                "residual2": "residual 2-bit", "residual4": "residual 4-bit",
+                "centroids": "centroid codes (approximate)"}
+RESIDUAL_FORMATS = ("residual1", "residual2", "residual4", "centroids")
 
 
 # ---- numbers -----------------------------------------------------------------------------
@@ -300,9 +306,21 @@ COMPRESSED_TITLE = (
     "Compressed documents (maxsim: int8 or float8 e4m3fn values and one float32 scale per token; "
     "the plain row scores the same documents in the query dtype; bytes moved = values + scales + "
     "queries + float32 scores):")
+RESIDUAL_TITLE = (
+    "Residual documents (ColBERTv2 / PLAID codes; the plain row scores the same documents in the "
+    "query dtype):")
 COMPRESSED_LEGEND = (
     "- compressed rows: max score change = largest |compressed - plain| maxsim score on these "
     "random inputs")
+RESIDUAL_LEGEND = (
+    "- residual rows: ColBERTv2 / PLAID codes of the same documents (a 4-byte centroid id and nbits "
+    "bits per dimension a token; bytes moved = codes + packed residuals + queries + scores + the "
+    "centroids once); centroid codes = PLAID's centroid-only score of the 2-bit index's codes (an "
+    "approximation: its score change vs plain is the approximation's); decompress + maxsim = the "
+    "tokens decompressed by PyTorch ops into the query dtype, then maxsim's float call; LIK residual "
+    "= late_interaction_kernels maxsim_residual (padded) / maxsim_residual_varlen (packed) on the "
+    "same tokens, one query a call, the bytes re-packed in its bit order beforehand; LIK centroids "
+    "= its plaid_approx_score, each query's centroid table (a float32 matmul) in the call")
 COMPRESSED_PEER_LEGEND = (
     "; LIK fp8 = late_interaction_kernels maxsim_inference_fp8 with its own per-token quantiser "
     "on both sides (the queries are fp8 too); FM int8 / FM int8 affine = "
@@ -332,10 +350,14 @@ def render(data):
             parts += [f"{title}:", table(rows, shown, graph)]
     extra = []
     if compressed:
-        parts += [COMPRESSED_TITLE,
+        residual_only = all(r.get("documents") in RESIDUAL_FORMATS for r in compressed)
+        parts += [RESIDUAL_TITLE if residual_only else COMPRESSED_TITLE,
                   compressed_table(data, compressed_groups(all_results), peers, naive, graph)]
+        quantised_peers = any(n in ("LIK-fp8", "FM-int8", "FM-int8-affine") for n in peers)
         extra = compressed_notes(compressed, peers) + \
-            [COMPRESSED_LEGEND + (COMPRESSED_PEER_LEGEND if peers else "")]
+            [COMPRESSED_LEGEND + (COMPRESSED_PEER_LEGEND if quantised_peers else "")]
+        if any(r.get("documents") in RESIDUAL_FORMATS for r in compressed):
+            extra.append(RESIDUAL_LEGEND)
     parts.append("\n".join(notes(data, shown, dropped, results, all_results, extra)))
     return "\n\n".join(parts) + "\n"
 

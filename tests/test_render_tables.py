@@ -452,3 +452,32 @@ def test_the_published_chart_draws_every_row_of_the_h100_results(tmp_path):
     readme = (REPO_ROOT / "README.md").read_text()
     assert "docs/h100_floor_share.svg" in readme
     assert (REPO_ROOT / "docs" / "h100_floor_share.svg").is_file()
+
+
+def test_residual_rows_render_with_their_own_title_columns_and_legend():
+    plain = row("SingleQueryRerank", "padded", False, "full", "float16", dict(
+        maxsim=impl(0.043, 0.030), naive=impl(0.104, 0.061), LIK=impl(0.100, 0.030),
+        FM=impl(0.124, 0.033)), 77_000_000, 1.9e10, 0.026)
+    res = row("SingleQueryRerank", "padded", False, "full", "float16", dict(
+        maxsim=impl(0.082, 0.061), naive=impl(2.33, 2.28), **{
+            "maxsim-decompress": impl(2.34, 2.25), "LIK-residual": impl(0.536, 0.415)}),
+        11_000_000, 1.9e10, 0.026)
+    cen = row("SingleQueryRerank", "padded", False, "full", "float16", dict(
+        maxsim=impl(0.061, 0.0099), naive=impl(0.31, 0.17), **{"LIK-centroids": impl(0.075, 0.014)}),
+        2_300_000, 1.9e10, 0.026)
+    res.update(documents="residual2", document_bytes_per_token=36, max_err_vs_plain=0.66)
+    cen.update(documents="centroids", document_bytes_per_token=4, max_err_vs_plain=0.89)
+    data = cuda_json()
+    data["results"] = [plain, res, cen]
+    md = RT.render(data)
+    assert RT.RESIDUAL_TITLE in md and RT.COMPRESSED_TITLE not in md
+    assert RT.RESIDUAL_LEGEND in md and "LIK fp8 =" not in md
+    comp = tables(md)[-1]
+    assert ["decompress + maxsim GPU-only", "LIK residual GPU-only", "LIK centroids GPU-only"] == \
+        [h for h in comp["head"] if h in ("decompress + maxsim GPU-only", "LIK residual GPU-only",
+                                          "LIK centroids GPU-only")]
+    docs = {r["documents"]: r for r in comp["rows"]}
+    assert docs["residual 2-bit"]["LIK residual GPU-only"] == "0.415"
+    assert docs["residual 2-bit"]["maxsim GPU-only vs plain"] == "2.03x"
+    assert docs["centroid codes (approximate)"]["LIK centroids GPU-only"] == "0.014"
+    assert docs["centroid codes (approximate)"]["LIK residual GPU-only"] == "–"
