@@ -344,13 +344,21 @@ def compress_residual(x: Inputs, kernel, fmt: str) -> Inputs:
     return Inputs(x.workload, x.shape, x.dtype, x.layout, t, documents_format=fmt)
 
 
+def colbert_buckets(residuals, nbits, dim):
+    """Packed residual bytes in colbert-ai's order -> bucket ids [..., dim] (int64), through a
+    256-entry table of each byte value's 8 / nbits bucket ids, as colbert-ai's decompression
+    reads them (one gather a byte instead of a shift and a mask a bit)."""
+    per_byte = 8 // nbits
+    values = torch.arange(256, device=residuals.device)
+    bits = (values[:, None] >> torch.arange(7, -1, -1, device=residuals.device)) & 1   # MSB first
+    table = (bits.view(256, per_byte, nbits) << torch.arange(nbits, device=residuals.device)).sum(-1)
+    return table[residuals.long()].reshape(*residuals.shape[:-1], dim)
+
+
 def torch_decompress(codes, residuals, codec, dtype):
     """Residual documents -> tokens [..., D] in `dtype` in plain PyTorch ops (no checks, no
     host sync: capturable): what a decompress-then-score pipeline writes to memory."""
-    d, nbits = codec.dim, codec.nbits
-    shifts = torch.arange(7, -1, -1, device=residuals.device, dtype=torch.uint8)
-    bits = ((residuals.unsqueeze(-1) >> shifts) & 1).reshape(*residuals.shape[:-1], d, nbits)
-    buckets = (bits.to(torch.int64) << torch.arange(nbits, device=residuals.device)).sum(-1)
+    buckets = colbert_buckets(residuals, codec.nbits, codec.dim)
     t = codec.centroids.float()[codes.long()] + codec.bucket_weights.float()[buckets]
     if codec.normalize:
         t = torch.nn.functional.normalize(t, p=2, dim=-1, eps=1e-12)
@@ -361,11 +369,8 @@ def little_endian_residuals(residuals, nbits, dim):
     """colbert-ai's packed bucket ids re-packed in late-interaction-kernels' order (feature f
     in byte f // (8 / nbits), at bit (f % (8 / nbits)) * nbits): the same tokens for its
     residual kernels, which read that order."""
-    shifts = torch.arange(7, -1, -1, device=residuals.device, dtype=torch.uint8)
-    bits = ((residuals.unsqueeze(-1) >> shifts) & 1).reshape(*residuals.shape[:-1], dim, nbits)
-    buckets = (bits.to(torch.int64) << torch.arange(nbits, device=residuals.device)).sum(-1)
     per_byte = 8 // nbits
-    b = buckets.reshape(*buckets.shape[:-1], dim // per_byte, per_byte)
+    b = colbert_buckets(residuals, nbits, dim).reshape(*residuals.shape[:-1], dim // per_byte, per_byte)
     return (b << (torch.arange(per_byte, device=b.device) * nbits)).sum(-1).to(torch.uint8)
 
 

@@ -90,3 +90,10 @@ def test_compare_plans_residual_rows():
     args.documents = "plain,residual3"
     with pytest.raises(SystemExit, match="residual3"):
         COMPARE.rows_to_run(args)
+
+
+@pytest.mark.parametrize("nbits", [1, 2, 4])
+def test_byte_table_decoding_is_the_codec_order(cpu_kernel, nbits):
+    gen = torch.Generator().manual_seed(10 + nbits)
+    packed = torch.randint(0, 256, (3, 5, 16 * nbits), generator=gen).to(torch.uint8)
+    assert torch.equal(W.colbert_buckets(packed, nbits, 128), cpu_kernel._residual.unpack_buckets(packed, nbits))
