@@ -51,6 +51,14 @@ void widen_half_f16c(const Half* src, float* dst, int64_t n) {
     _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
   for (; i < n; ++i) dst[i] = half_bits_to_float(src[i].bits);
 }
+// x[i] to the nearest float16 and back, 8 at a time (round to nearest even, as the portable
+// converter rounds).
+void round_half_f16c(float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(x + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT)));
+  for (; i < n; ++i) x[i] = half_bits_to_float(float_to_half_bits(x[i]));
+}
 }  // namespace isa_avx2
 #if defined(__clang__)
 #pragma clang attribute pop
@@ -91,11 +99,16 @@ void sweep_bf16_entry(const SweepBf16Args& a) {
 #endif
 #endif  // MAXSIM_X86_DISPATCH
 
+void round_half_portable(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = half_bits_to_float(float_to_half_bits(x[i]));
+}
+
 struct Kernels {
   void (*sweep)(const SweepArgs&);
   void (*widen_half)(const Half*, float*, int64_t);
   void (*widen_bf16)(const BFloat16*, float*, int64_t);
   void (*sweep_bf16)(const SweepBf16Args&) = nullptr;
+  void (*round_half)(float*, int64_t) = round_half_portable;
 };
 
 #define MAXSIM_KERNELS(ns) Kernels{ns::sweep_entry, ns::widen_half_entry, ns::widen_bf16_entry}
@@ -114,11 +127,15 @@ const Kernels& kernels() {
         __builtin_cpu_supports("avx512vl")) {
       Kernels k{isa_avx512::sweep512_entry, isa_avx2::widen_half_f16c, isa_avx512::widen_bf16_entry};
       if (__builtin_cpu_supports("avx512bf16")) k.sweep_bf16 = isa_avx512bf16::sweep_bf16_entry;
+      k.round_half = isa_avx2::round_half_f16c;
       return k;
     }
     if (cap != "generic" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
-      return Kernels{isa_avx2::sweep_entry, isa_avx2::widen_half_f16c, isa_avx2::widen_bf16_entry};
+        __builtin_cpu_supports("f16c")) {
+      Kernels k{isa_avx2::sweep_entry, isa_avx2::widen_half_f16c, isa_avx2::widen_bf16_entry};
+      k.round_half = isa_avx2::round_half_f16c;
+      return k;
+    }
 #endif
     return MAXSIM_KERNELS(isa_generic);
   }();
@@ -141,5 +158,6 @@ void sweep_bf16(const SweepBf16Args& a) {
 
 void widen(const Half* src, float* dst, int64_t n) { kernels().widen_half(src, dst, n); }
 void widen(const BFloat16* src, float* dst, int64_t n) { kernels().widen_bf16(src, dst, n); }
+void round_to_half(float* x, int64_t n) { kernels().round_half(x, n); }
 
 }  // namespace maxsim_cpu

@@ -153,6 +153,9 @@ struct SweepBf16Args {
 bool has_bf16_dot();
 void sweep_bf16(const SweepBf16Args& a);
 
+// x[i] = the float16 nearest x[i] (round to nearest even), as a float; F16C where the CPU has it.
+void round_to_half(float* x, int64_t n);
+
 // Rows of qT are padded to this many columns (one 512-bit vector of floats).
 constexpr int64_t kColumnQuantum = 16;
 

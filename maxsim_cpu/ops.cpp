@@ -101,8 +101,7 @@ ResidualRows residual_rows(const at::Tensor& queries, const at::Tensor& document
   r.ctype = cs == at::kHalf ? CentroidType::kHalf : cs == at::kBFloat16 ? CentroidType::kBFloat16 : CentroidType::kFloat;
   r.n_centroids = cents.size(0);
   const float* w = weights.data_ptr<float>();
-  for (int64_t i = 0; i < 16; ++i) r.weights[i] = i < nw ? w[i] : 0.f;
-  r.nbits = nbits;
+  r.set_weights(w, nbits);
   r.normalize = st.normalize;
   const auto qs = queries.scalar_type();
   TORCH_CHECK(qs != at::kDouble, "maxsim_cpu: residual documents pair with float16, bfloat16 or float32 queries");
