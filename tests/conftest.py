@@ -15,6 +15,8 @@ Environment knobs (all optional):
   MAXSIM_TEST_REPO=<path>   load the kernel from another repo root (a build/ in it)
   MAXSIM_TEST_NO_BUILD=1    do not run tools/build.py; use what build/ holds
   MAXSIM_TEST_SEED=<int>    mixed into every test's seed, to draw other inputs
+  MAXSIM_TEST_BACKENDS=cuda[,cpu,...]  run the `device` tests on these backends only (the GPU
+                            machine's suite leaves the CPU ones to CI: `cli.py suite --gpu-only`)
 """
 from __future__ import annotations
 
@@ -84,6 +86,12 @@ def _mps_wanted() -> bool:
 
 # Device types the suite runs on; the kernel variant of each is KERNEL_BACKEND's.
 BACKENDS = ["cpu"] + (["cuda"] if _cuda_wanted() else []) + (["mps"] if _mps_wanted() else [])
+if os.environ.get("MAXSIM_TEST_BACKENDS"):
+    _only = os.environ["MAXSIM_TEST_BACKENDS"].split(",")
+    if not set(_only) <= set(BACKENDS):
+        raise pytest.UsageError(f"MAXSIM_TEST_BACKENDS={','.join(_only)}: only {', '.join(BACKENDS)} "
+                                "are built and available here")
+    BACKENDS = [b for b in BACKENDS if b in _only]
 KERNEL_BACKEND = {"cpu": "cpu", "cuda": "cuda", "mps": "metal"}
 
 

@@ -12,7 +12,7 @@ from conftest import REPO_ROOT, _load_source_module
 CLI = _load_source_module("maxsim_device_cli", REPO_ROOT / "tools" / "device" / "cli.py")
 
 SUBCOMMANDS = (["suite"], ["sanitize"], ["bench", "compare"], ["bench", "compressed"],
-               ["bench", "compat"], ["bench", "distributed"], ["ab"], ["profile"], ["wheels"])
+               ["bench", "residual"], ["bench", "compat"], ["bench", "distributed"], ["ab"], ["profile"], ["wheels"])
 
 
 @pytest.mark.parametrize("words", [[]] + [list(w) for w in SUBCOMMANDS], ids=" ".join)
@@ -56,6 +56,12 @@ def test_suite_passes_pytest_arguments_and_sets_the_ampere_build(monkeypatch):
     assert CLI.main(["suite", "--no-ampere", "--files", "tests/test_cuda_compressed.py"]) == 0
     assert [c[0][0] for c in seen[:2]] == ["nvcc", "/tmp/check_e4m3"]   # the e4m3 check first
     assert "MAXSIM_TEST_AMPERE" not in seen[-1][1]["env"]
+    seen.clear()
+    assert CLI.main(["suite", "--gpu-only", "--no-e4m3-check", "--files", "tests/test_hopper.py",
+                     "tests/test_metal_emulated.py", "tests/test_metal_emulated_residual.py"]) == 0
+    (cmd, kw), = seen
+    assert kw["env"]["MAXSIM_TEST_BACKENDS"] == "cuda"
+    assert [c for c in cmd if c.startswith("tests/")] == ["tests/test_hopper.py"]   # CI runs the emulator
 
 
 def test_no_build_still_builds_a_missing_cpu_variant(monkeypatch):

@@ -233,11 +233,16 @@ def cmd_suite(args) -> int:
     (e.g. -- -x -k hopper). When tests/test_cuda_compressed.py is among the files, the
     exhaustive check of the pre-sm_89 e4m3 widening (check_e4m3_widen.cu, every byte against
     the hardware conversion) runs first. --examples also runs examples 05 and 06 under
-    torchrun on 2 GPUs. Log: $OUT/tests.log (tests_part1of3.log for a part)."""
+    torchrun on 2 GPUs. --gpu-only leaves out what CI runs on its CPU machine (the CPU backend's
+    device tests, the MSL emulator's files). Log: $OUT/tests.log (tests_part1of3.log for a part)."""
     if (rc := setup(args, cpu=True)) != 0:
         return rc
     env = test_env(ampere=not args.no_ampere)
     files = test_files(args.files)
+    if args.gpu_only:
+        # CI runs the CPU backend's tests and the MSL emulator's on every commit
+        env = dict(env, MAXSIM_TEST_BACKENDS="cuda")
+        files = [f for f in files if not Path(f).name.startswith("test_metal_emulated")]
     log = "tests.log"
     if args.part:
         k, n = (int(x) for x in args.part.split("/"))
@@ -570,6 +575,9 @@ def parser() -> argparse.ArgumentParser:
                    help="skip check_e4m3_widen.cu when test_cuda_compressed.py is selected")
     q.add_argument("--examples", action="store_true",
                    help="also run examples 05 and 06 under torchrun on 2 GPUs")
+    q.add_argument("--gpu-only", action="store_true",
+                   help="the device tests on CUDA only (MAXSIM_TEST_BACKENDS=cuda) and no MSL-emulator "
+                   "files: what CI, a CPU machine, cannot run")
     q.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS", help="passed to pytest")
 
     q = add(sub, "sanitize", cmd_sanitize, "build, then compute-sanitizer on sanitize_subset.py")
