@@ -377,9 +377,8 @@ def lik_centroids_fn(x: W.Inputs):
     _cuda_only(x)
     padded = x.workload.surface == "padded"
     s = x.shape
-    B, C, Ld = s["B"], s["C"], s["Ld"]
-    codes = x.document_codes if padded else \
-        W.unpack(x.document_codes.unsqueeze(-1), x.document_offsets, Ld).view(B, C, Ld)
+    B, C = s["B"], s["C"]
+    codes = W.padded_codes(x)
     lengths = x.doc_lengths.reshape(B, C).long()
     cents = x.codec.centroids.float()
     calls = [(q.float(), codes[b], lengths[b]) for b, (q, _) in enumerate(_per_query_slices(x))]

@@ -135,6 +135,7 @@ SCALE_BYTES = 4
 # Residual formats: name -> nbits. "centroids": the residual2 codes scored by centroid alone.
 RESIDUAL_FORMATS = {"residual1": 1, "residual2": 2, "residual4": 4}
 CENTROID_FORMAT = "centroids"
+CENTROID_NBITS = 2  # the index whose codes the centroids rows score
 ALL_FORMATS = (*DOCUMENT_FORMATS, *RESIDUAL_FORMATS, CENTROID_FORMAT)
 # Centroids of a residual index built here (a GPU index of ~10^5-10^6 tokens has 2^12-2^14;
 # fewer on the CPU, where compressing is a matmul against every centroid).
@@ -337,7 +338,7 @@ def compress_residual(x: Inputs, kernel, fmt: str) -> Inputs:
     too, as an index would store them); packed ones their [T] rows."""
     docs = x.float_documents()
     tokens = docs.reshape(-1, docs.shape[-1])
-    nbits = RESIDUAL_FORMATS.get(fmt, 2)
+    nbits = CENTROID_NBITS if fmt == CENTROID_FORMAT else RESIDUAL_FORMATS[fmt]
     codec, cutoffs = residual_codec(kernel, tokens, nbits, RESIDUAL_CENTROIDS[x.device.type])
     codes, residuals = kernel.compress_residuals(docs, codec, cutoffs)
     t = dict(x.t, document_codes=codes, document_residuals=residuals, codec=codec)
@@ -445,6 +446,14 @@ def flat_codes(x: Inputs):
     return x.document_codes[valid_mask(x.doc_lengths, x.shape["Ld"])], offsets(x.doc_lengths)
 
 
+def padded_codes(x: Inputs):
+    """A residual row's codes as [B, C, Ld] (packed rows: padded with code 0 past each length)."""
+    if x.workload.surface == "padded":
+        return x.document_codes
+    B, C, Ld = x.shape["B"], x.shape["C"], x.shape["Ld"]
+    return unpack(x.document_codes.unsqueeze(-1), x.document_offsets, Ld).view(B, C, Ld)
+
+
 def centroid_call(kernel, x: Inputs):
     """maxsim.score_centroids over the row's (query, candidate) pairs -> [B, C] (padded) or
     [P] (packed). Flat codes, pair ids and padded queries are built on the first call and
@@ -466,12 +475,9 @@ def centroid_call(kernel, x: Inputs):
 def naive_centroids(x: Inputs):
     """The centroid-only score in plain PyTorch: the [B, n_centroids, Lq] table, gathered by
     code into [B, C, Ld, Lq], masked, max over tokens, sum over the valid query tokens."""
-    Lq, Ld, B, C = x.shape["Lq"], x.shape["Ld"], x.shape["B"], x.shape["C"]
-    if x.workload.surface == "packed":
-        q = unpack(x.queries_packed, x.query_offsets, Lq)
-        codes = unpack(x.document_codes.unsqueeze(-1), x.document_offsets, Ld).view(B, C, Ld)
-    else:
-        q, codes = x.queries, x.document_codes
+    Lq, Ld, B = x.shape["Lq"], x.shape["Ld"], x.shape["B"]
+    q = unpack(x.queries_packed, x.query_offsets, Lq) if x.workload.surface == "packed" else x.queries
+    codes = padded_codes(x)
     table = torch.einsum("kd,bid->bki", x.codec.centroids.float(), q.float())   # [B, K, Lq]
     g = table[torch.arange(B, device=table.device)[:, None, None], codes.long()]   # [B, C, Ld, Lq]
     g = g.masked_fill(~valid_mask(x.doc_lengths, Ld).unsqueeze(-1), float("-inf"))

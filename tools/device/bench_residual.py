@@ -23,21 +23,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from bench_compressed import graph_time_ms  # noqa: E402
+from workloads import torch_decompress  # noqa: E402  (compare.py's decompress-then-score)
 
 ROOT = Path(__file__).resolve().parents[2]
 N_CENTROIDS = 4096
 D = 128
-
-
-def torch_decompress(codes, residuals, codec):
-    """Decompression in plain PyTorch ops (capture-safe, no checks): the float16 tokens a
-    decompress-then-score pipeline would write to global memory."""
-    shifts = torch.arange(7, -1, -1, device=residuals.device, dtype=torch.uint8)
-    bits = ((residuals.unsqueeze(-1) >> shifts) & 1).reshape(*residuals.shape[:-1], D, codec.nbits)
-    buckets = (bits.to(torch.int64) << torch.arange(codec.nbits, device=residuals.device)).sum(-1)
-    t = codec.centroids[codes.long()].float() + codec.bucket_weights.float()[buckets]
-    return torch.nn.functional.normalize(t, dim=-1).half()
 
 
 def rows(quick=False):
@@ -92,7 +84,7 @@ def main():
                 dense = ms.decompress_residuals(codes, res, codec, torch.float16)
                 row["fp16_ms"] = graph_time_ms(lambda: ms.score_candidates_padded(q, dense, ql, dl))
                 row["decompress_then_score_ms"] = graph_time_ms(
-                    lambda: ms.score_candidates_padded(q, torch_decompress(codes, res, codec), ql, dl))
+                    lambda: ms.score_candidates_padded(q, torch_decompress(codes, res, codec, torch.float16), ql, dl))
                 row["fp16_GBytes"] = dense.numel() * 2 / 1e9
                 # correctness spot check against the float16 documents (rounding of t only)
                 a = ms.score_candidates_padded(q, res, ql, dl, document_codes=codes, residual_codec=codec)
