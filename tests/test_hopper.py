@@ -121,6 +121,30 @@ def test_many_blocks_and_documents(ms, monkeypatch, rng, dim):
     assert torch.equal(again[0], s_h) and torch.equal(again[1], a_h)  # deterministic
 
 
+# Documents whose last tile is empty, narrow (<= 64 rows: the m64n64 MMA) or wide (> 64).
+STEP_SUM_LENGTHS = [0, 1, 64, 65, 128, 129, 192, 193, 256, 50, 100, 180]
+
+
+@pytest.mark.parametrize("consumers", ["2", "3", "4"], ids=["c2", "c3", "c4"])
+@pytest.mark.parametrize("lq", [20, 64])
+def test_step_sums_across_many_steps(ms, monkeypatch, rng, lq, consumers):
+    """Each step's epilogue shares a warpgroup's shared memory with the steps around it. Many
+    steps a CTA over every kind of last tile, stacked queries with random lengths (zeros
+    too), and the last set's idle warpgroups: every score against the reference and the
+    mma.sync kernels, the score-only form bit for bit the argmax form's, and a second call
+    bit for bit the first."""
+    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_CONSUMERS", consumers)
+    d_lens = STEP_SUM_LENGTHS * 30
+    case = make_contrastive(rng, 23, lq, d_lens, 128, dtype=torch.float16, device="cuda")
+    (s_h, a_h), (s_m, _) = both_paths(monkeypatch, lambda: case.call(ms, "_with_argmax"))
+    assert_scores(s_h, case)
+    assert_argmax(a_h, case)
+    torch.testing.assert_close(s_h, s_m, rtol=1e-5, atol=1e-4, equal_nan=True)
+    assert torch.equal(case.call(ms, ""), s_h)
+    again = case.call(ms, "_with_argmax")
+    assert torch.equal(again[0], s_h) and torch.equal(again[1], a_h)
+
+
 @pytest.mark.parametrize("dim", [128, 200])
 def test_nan_and_ties(ms, monkeypatch, rng, dim):
     """A NaN document token wins its rows at its first position; exact ties go to the lowest

@@ -186,7 +186,10 @@ __device__ __forceinline__ void apply_sorted_hits(SortedSmem<SURF, T, Acc>& sm, 
   constexpr int kInFlight = sorted_in_flight<SURF, T>();
   const int r0 = warp * rows_per_warp(R), r1 = r0 + rows_per_warp(R) < R ? r0 + rows_per_warp(R) : R;
   if (r0 >= r1) return;
-  const int h0 = sm.row_start[r0], h1 = sm.row_start[r1];
+  // The row boundaries are broadcast reads, alike in every lane: uniform() says so to
+  // ptxas, so the per-hit row check below is a uniform branch, without the divergence
+  // bookkeeping (BSSY / BSYNC) a hit that a loop on a per-lane value costs.
+  const int h0 = uniform(sm.row_start[r0]), h1 = uniform(sm.row_start[r1]);
   if (h0 == h1) return;
   const unsigned char* qcol = reinterpret_cast<const unsigned char*>(q + (col < dim ? col : 0));
   const uint32_t row_bytes = static_cast<uint32_t>(dim * int64_t(sizeof(T)));
@@ -196,7 +199,7 @@ __device__ __forceinline__ void apply_sorted_hits(SortedSmem<SURF, T, Acc>& sm, 
   };
   auto slot = [&](int r) -> Quad<Acc>& { return *reinterpret_cast<Quad<Acc>*>(&sm.acc[r][lane * kDCols]); };
   int row = r0;
-  int row_end = sm.row_start[r0 + 1];
+  int row_end = uniform(sm.row_start[r0 + 1]);
   Quad<Acc> cur = fresh ? Quad<Acc>{} : slot(row);
   auto add = [&](Acc w, const Quad<T>& v) {
     Acc x[kDCols];
@@ -208,7 +211,7 @@ __device__ __forceinline__ void apply_sorted_hits(SortedSmem<SURF, T, Acc>& sm, 
     while (h >= row_end) {  // the next row of this warp with hits
       slot(row) = cur;
       ++row;
-      row_end = sm.row_start[row + 1];
+      row_end = uniform(sm.row_start[row + 1]);
       cur = fresh ? Quad<Acc>{} : slot(row);
     }
     add(w, v);

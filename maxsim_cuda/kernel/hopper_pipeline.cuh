@@ -13,12 +13,6 @@
 namespace maxsim_cuda {
 namespace kernel {
 
-// The value lane 0 holds, for every lane (see hopper_consume).
-template <class V>
-__device__ __forceinline__ V uniform(V v) {
-  return __shfl_sync(0xffffffffu, v, 0);
-}
-
 // Two ways to feed the consumers. Resident (dim <= 128): each warpgroup's query block sits
 // in shared memory for a whole set and a ring slot holds a document tile of all KD columns.
 // Streamed (STREAM, any dim): a ring slot holds one 64-column K-chunk of the tile and of

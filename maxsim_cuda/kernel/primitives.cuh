@@ -150,5 +150,13 @@ __device__ __forceinline__ double quiet_nan<double>() {
   return __longlong_as_double(0x7ff8000000000000LL);
 }
 
+// The value lane 0 holds, for every lane: ptxas then treats it as warp-uniform, so a branch
+// on it needs no divergence bookkeeping (BSSY / BSYNC) and, around wgmma, no serialisation
+// (see hopper_consume). For values every lane already holds alike, e.g. a broadcast read.
+template <class V>
+__device__ __forceinline__ V uniform(V v) {
+  return __shfl_sync(0xffffffffu, v, 0);
+}
+
 }  // namespace kernel
 }  // namespace maxsim_cuda

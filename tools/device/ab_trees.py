@@ -2,7 +2,7 @@
 bench_compressed.py times them), for kernel changes that no knob switches. Each tree's CUDA
 build is loaded under its own op namespace; every call is made through its public API.
 
-  python3 tools/device/ab_trees.py --base .base [--group residual] [--rounds 3]
+  python3 tools/device/ab_trees.py --base .base [--group residual[,bytes...]] [--rounds 3]
 
 The calls are the shapes a change reaches, named in GROUPS below (one group per change
 measured this way; each row a name, environment settings and a function from a loaded tree
@@ -158,14 +158,36 @@ QUERY_LOAD = [
                           ("ColBERTCorpus", "ragged", None))),
 ]
 
+# The sm_90a 16-bit consumer (a step epilogue from registers, tried and reverted on 2026-11-27):
+# the contrastive forwards (training with argmax, corpus scoring without; int8 through the
+# widening kernel; dim 256 streamed), a long-query control (DocDoc: 64-row chunks), and the
+# strided padded / packed shapes, which share the consumer.
+EPILOGUE = [
+    *((f"{n} forward (argmax)", {}, lambda ms, n=n: W.raw_training_ops(ms, n)[0])
+      for n in ("BigColBERT", "Contrastive", "DocDoc")),
+    *((f"{n} {lay} {fmt or 'float16'}", {}, lambda ms, n=n, lay=lay, f=fmt: workload_call(ms, n, lay, f))
+      for n, lay, fmt in (("ColBERTCorpus", "ragged", None), ("ColBERTCorpus", "ragged", "int8"),
+                          ("ColPaliCorpus", "ragged", None), ("ContrastiveD256", "full", None),
+                          ("HeavyRerank", "full", None), ("HeavyRerankPacked", "ragged", None),
+                          ("LongDocStressPacked", "ragged", None), ("ColPaliRerank", "ragged", None))),
+]
+
 GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESIDUAL_PAIRS),
-          "grad_documents": GRAD_DOCUMENTS, "bytes": BYTES, "query_load": QUERY_LOAD}
+          "grad_documents": GRAD_DOCUMENTS, "bytes": BYTES, "query_load": QUERY_LOAD, "epilogue": EPILOGUE}
+
+
+def equal(a, b):
+    """torch.equal over a call's result: a tensor, or a tuple of them (scores, argmax)."""
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(equal(x, y) for x, y in zip(a, b))
+    return torch.equal(a, b)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", type=Path, required=True)
-    ap.add_argument("--group", choices=sorted(GROUPS), default="residual")
+    ap.add_argument("--group", default="residual",
+                    help=f"one of {', '.join(sorted(GROUPS))}, or several, comma-separated")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -175,12 +197,16 @@ def main():
              "candidate": kernels.get_local_kernel(ROOT, backend="cuda")}
     torch.set_float32_matmul_precision("highest")
     rows = []
-    for name, env, make in GROUPS[args.group]:
+    groups = args.group.split(",")
+    for g in groups:
+        if g not in GROUPS:
+            raise SystemExit(f"--group {g}: not one of {', '.join(sorted(GROUPS))}")
+    for name, env, make in [row for g in groups for row in GROUPS[g]]:
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:
             calls = {t: make(ms) for t, ms in trees.items()}
-            same = torch.equal(calls["base"](), calls["candidate"]())
+            same = equal(calls["base"](), calls["candidate"]())
             times = {t: [] for t in trees}
             for _ in range(args.rounds):
                 for t, fn in calls.items():

@@ -407,12 +407,14 @@ def cmd_ab(args) -> int:
     commit, carried, e.g. `git worktree add .base HEAD~1` here and carry .base): both built
     for --archs (the base in the background), a correctness subset on the candidate (--tests,
     -k cuda), then the same overhead.py probes (--probe, default `kernels split`) in each tree,
-    and, with --ncu, Nsight Compute of the candidate's kernels as `profile --ncu` does.
+    or with --group tools/device/ab_trees.py's calls (both trees in one process), and, with
+    --ncu, Nsight Compute of the candidate's kernels as `profile --ncu` does.
     Logs: $OUT/probe_candidate.log, probe_base.log."""
     base = Path(args.base)
     if not (ROOT / base / "tools" / "build.py").exists():
         raise SystemExit(f"--base {base}: no tools/build.py there (carry a copy of the other tree)")
-    if (rc := setup(args)) != 0:
+    # the two builds side by side (the wheels setup.sh installs first are the builds' too)
+    if (rc := setup(args, build=False)) != 0:
         return rc
     print(f"+ (cd {base} && python3 tools/build.py --backend cuda) > /tmp/build_base.log &", flush=True)
     base_build = None
@@ -420,12 +422,22 @@ def cmd_ab(args) -> int:
         with open("/tmp/build_base.log", "w") as log:
             base_build = subprocess.Popen([sys.executable, "tools/build.py", "--backend", "cuda"],
                                           cwd=ROOT / base, stdout=log, stderr=subprocess.STDOUT)
+    if not args.no_build:
+        if (rc := run([sys.executable, "tools/build.py", "--backend", "cuda"], log="build.log", tail=3)) != 0:
+            return note(rc, "candidate build")
+        serialised_mma_warnings()
+    keyword = ["-k", args.keyword] if args.keyword else []
     status = note(run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                       *args.tests, "-k", "cuda"], env=test_env(), tail=4, timeout=args.timeout),
+                       *args.tests, *keyword], env=test_env(), tail=4, timeout=args.timeout),
                   "candidate tests")
     if base_build is not None and base_build.wait() != 0:
         print(Path("/tmp/build_base.log").read_text()[-3000:])
         return note(1, "base build")
+    if args.group:
+        rc = run([sys.executable, DEVICE / "ab_trees.py", "--base", base, "--group", args.group,
+                  "--rounds", str(args.rounds), "--json", out_dir() / f"ab_{args.group.replace(',', '_')}.json"],
+                 env=test_env(), log=f"ab_{args.group.replace(',', '_')}.log", timeout=args.timeout)
+        return status | note(rc, f"ab_trees.py --group {args.group}")
     for name, cwd in (("candidate", ROOT), ("base", ROOT / base)):
         print(f"== {name}", flush=True)
         status |= note(run([sys.executable, DEVICE / "overhead.py", *args.probe.split()], cwd=cwd,
@@ -612,7 +624,11 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--tests", nargs="+", default=["tests/test_forward.py", "tests/test_argmax.py",
                                                  "tests/test_backward.py"],
                    help="correctness subset run on the candidate (with -k cuda)")
+    q.add_argument("--keyword", default="cuda", help="the tests' pytest -k ('' for none)")
     q.add_argument("--probe", default="kernels split", help="overhead.py modes run in both trees")
+    q.add_argument("--group", help="instead of the probes: tools/device/ab_trees.py's groups of calls "
+                   "(comma-separated), GPU time of both trees alternating in one process ($OUT/ab_*.json)")
+    q.add_argument("--rounds", type=int, default=3, help="ab_trees.py rounds (with --group)")
     add_ncu_options(q)
 
     q = add(sub, "profile", cmd_profile, "overhead.py probes and Nsight Compute of named kernels")
