@@ -121,11 +121,20 @@ constexpr int kQWarps = 4;  // warps (query rows) per CTA
 // stalls 69%, L2 throughput 12% (BigColBERT).
 constexpr int kQSlots = 4, kQLanes = 8, kQCols = 16;
 constexpr int kQPass = kQLanes * kQCols;  // columns per pass over the pairs
-// Pairs per slot gathered before their adds: 4 for 16-bit types, fewer for wider ones
-// (the same 32 registers of row data in flight).
-template <class T>
-constexpr int q_group() {
-  return sizeof(T) <= 2 ? 4 : (sizeof(T) == 4 ? 2 : 1);
+// Pairs per slot gathered before their adds (device code only: it depends on the target).
+// 16-bit rows on sm_90: 8, a slot's whole batch, 64 registers of row data in flight (the
+// gathers wait on L2 latency; with 4, the second group's loads waited for the first group's
+// adds: BigColBERT grad_queries 0.377 -> 0.350 ms on an H100); before sm_90 4, as 8 spills
+// 4-8 bytes there. Wider rows fewer (32 registers); byte and residual rows 4 (their widening
+// or decoding needs the registers: 8 spilled 4-120 bytes).
+template <class DocT, DocFormat F>
+__device__ constexpr int q_group() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int kNative16 = 8;
+#else
+  constexpr int kNative16 = 4;
+#endif
+  return F != DocFormat::kNative ? 4 : (sizeof(DocT) <= 2 ? kNative16 : (sizeof(DocT) == 4 ? 2 : 1));
 }
 
 // kQCols elements of one row from `row + e` as raw 16-byte vectors (zeros past dim; element
@@ -256,7 +265,7 @@ __global__ void __launch_bounds__(kQWarps * 32, 4) grad_queries_kernel(const Bwd
       int64_t next_row = -1;
       if (base + 32 + lane < npairs) src.get(base + 32 + lane, next_w, next_row);
       const int n = npairs - base < 32 ? static_cast<int>(npairs - base) : 32;
-      constexpr int kQGroup = q_group<DocT>();
+      constexpr int kQGroup = q_group<DocT, F>();
       for (int g0 = 0; g0 < 32 / kQSlots; g0 += kQGroup) {
         Row x[kQGroup];
 #pragma unroll

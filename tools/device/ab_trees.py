@@ -106,6 +106,13 @@ def grad_documents_public(ms, name, layout):
     return lambda: torch.autograd.grad(fn(), d, g)[0]
 
 
+def grad_queries_raw(ms, name):
+    """grad_queries alone of a training workload (the raw contrastive backward op, the argmax
+    from the tree's own forward)."""
+    _, backward = W.raw_training_ops(ms, name)
+    return lambda: backward(True, False)[0]
+
+
 def padded_rows(rows):
     """Rows of padded calls, (name, env, (B, C, Lq, Ld, D), query dtype, document format)."""
     return [(name, env, lambda ms, s=shape, q=qdtype, f=fmt: padded(ms, *s, q, f))
@@ -172,8 +179,16 @@ EPILOGUE = [
                           ("LongDocStressPacked", "ragged", None), ("ColPaliRerank", "ragged", None))),
 ]
 
+# grad_queries' gathers, a slot's whole batch of 8 rows in flight for 16-bit rows (2026-11-27):
+# the training workloads' raw backward op.
+GRAD_QUERIES = [
+    *((f"{n} grad_queries", {}, lambda ms, n=n: grad_queries_raw(ms, n))
+      for n in ("Contrastive", "LongDocs", "BigBatch", "ColPali", "BigColBERT", "DocDoc")),
+]
+
 GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESIDUAL_PAIRS),
-          "grad_documents": GRAD_DOCUMENTS, "bytes": BYTES, "query_load": QUERY_LOAD, "epilogue": EPILOGUE}
+          "grad_documents": GRAD_DOCUMENTS, "bytes": BYTES, "query_load": QUERY_LOAD, "epilogue": EPILOGUE,
+          "grad_queries": GRAD_QUERIES}
 
 
 def equal(a, b):
