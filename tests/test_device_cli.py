@@ -64,6 +64,42 @@ def test_suite_passes_pytest_arguments_and_sets_the_ampere_build(monkeypatch):
     assert [c for c in cmd if c.startswith("tests/")] == ["tests/test_hopper.py"]   # CI runs the emulator
 
 
+def test_ab_builds_both_trees_then_times_the_groups(monkeypatch, tmp_path):
+    """ab: the base's build starts before the candidate's (side by side), the tests run with
+    the keyword given ('' for none), and --group runs ab_trees.py's groups instead of the
+    overhead.py probes."""
+    monkeypatch.setattr(CLI, "DRY_RUN", False)
+    monkeypatch.setattr(CLI, "setup", lambda args, **kw: 0 if kw.get("build") is False else 1)
+    monkeypatch.setattr(CLI, "serialised_mma_warnings", lambda: None)
+    started = []
+
+    class Build:
+        def __init__(self, cmd, cwd, **kw):
+            started.append((cmd, cwd))
+
+        def wait(self):
+            return 0
+    monkeypatch.setattr(CLI.subprocess, "Popen", Build)
+    monkeypatch.setattr(CLI, "out_dir", lambda: tmp_path)
+    seen = []
+    monkeypatch.setattr(CLI, "run", lambda cmd, **kw: seen.append([str(c) for c in cmd]) or 0)
+    assert CLI.main(["ab", "--base", ".base", "--tests", "tests/test_hopper.py", "--keyword", "",
+                     "--group", "epilogue,grad_documents", "--rounds", "2"]) == 0
+    (base_cmd, base_cwd), = started
+    assert base_cmd[-2:] == ["--backend", "cuda"] and str(base_cwd).endswith(".base")
+    build, tests, ab = seen
+    assert build[-3:] == ["tools/build.py", "--backend", "cuda"]
+    assert tests[-1] == "tests/test_hopper.py" and "-k" not in tests
+    assert ab[1].endswith("ab_trees.py") and ab[ab.index("--group") + 1] == "epilogue,grad_documents"
+    assert ab[ab.index("--rounds") + 1] == "2"
+    assert ab[ab.index("--json") + 1].endswith("ab_epilogue_grad_documents.json")
+    assert not any("overhead.py" in c for cmd in seen for c in cmd)
+    seen.clear()
+    assert CLI.main(["ab", "--base", ".base", "--no-build"]) == 0   # probes; default -k cuda
+    assert not any("tools/build.py" in c for cmd in seen for c in cmd)
+    assert seen[0][-2:] == ["-k", "cuda"] and any("overhead.py" in c for c in seen[1])
+
+
 def test_no_build_still_builds_a_missing_cpu_variant(monkeypatch):
     """suite --no-build on a machine where only the CUDA variant was built: the CPU one is
     built (the suite's CPU tests need it); where it exists, nothing is built."""
