@@ -81,12 +81,15 @@ def test_ab_builds_both_trees_then_times_the_groups(monkeypatch, tmp_path):
             return 0
     monkeypatch.setattr(CLI.subprocess, "Popen", Build)
     monkeypatch.setattr(CLI, "out_dir", lambda: tmp_path)
+    base = tmp_path / "base"  # the other tree: all ab needs of it here is its tools/build.py
+    (base / "tools").mkdir(parents=True)
+    (base / "tools" / "build.py").write_text("")
     seen = []
     monkeypatch.setattr(CLI, "run", lambda cmd, **kw: seen.append([str(c) for c in cmd]) or 0)
-    assert CLI.main(["ab", "--base", ".base", "--tests", "tests/test_hopper.py", "--keyword", "",
+    assert CLI.main(["ab", "--base", str(base), "--tests", "tests/test_hopper.py", "--keyword", "",
                      "--group", "epilogue,grad_documents", "--rounds", "2"]) == 0
     (base_cmd, base_cwd), = started
-    assert base_cmd[-2:] == ["--backend", "cuda"] and str(base_cwd).endswith(".base")
+    assert base_cmd[-2:] == ["--backend", "cuda"] and base_cwd == base
     build, tests, ab = seen
     assert build[-3:] == ["tools/build.py", "--backend", "cuda"]
     assert tests[-1] == "tests/test_hopper.py" and "-k" not in tests
@@ -95,7 +98,7 @@ def test_ab_builds_both_trees_then_times_the_groups(monkeypatch, tmp_path):
     assert ab[ab.index("--json") + 1].endswith("ab_epilogue_grad_documents.json")
     assert not any("overhead.py" in c for cmd in seen for c in cmd)
     seen.clear()
-    assert CLI.main(["ab", "--base", ".base", "--no-build"]) == 0   # probes; default -k cuda
+    assert CLI.main(["ab", "--base", str(base), "--no-build"]) == 0   # probes; default -k cuda
     assert not any("tools/build.py" in c for cmd in seen for c in cmd)
     assert seen[0][-2:] == ["-k", "cuda"] and any("overhead.py" in c for c in seen[1])
 
