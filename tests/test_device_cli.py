@@ -97,6 +97,12 @@ def test_ab_builds_both_trees_then_times_the_groups(monkeypatch, tmp_path):
     assert ab[ab.index("--rounds") + 1] == "2"
     assert ab[ab.index("--json") + 1].endswith("ab_epilogue_grad_documents.json")
     assert not any("overhead.py" in c for cmd in seen for c in cmd)
+    profiled = []
+    monkeypatch.setattr(CLI, "ncu_spec", lambda spec, args: profiled.append(spec) or 0)
+    seen.clear()
+    assert CLI.main(["ab", "--base", str(base), "--no-build", "--group", "grad_queries",
+                     "--ncu", "BigColBERT:once:grad_"]) == 0
+    assert profiled == ["BigColBERT:once:grad_"]   # --group keeps the profiles asked for
     seen.clear()
     assert CLI.main(["ab", "--base", str(base), "--no-build"]) == 0   # probes; default -k cuda
     assert not any("tools/build.py" in c for cmd in seen for c in cmd)

@@ -84,11 +84,12 @@ RESIDUAL_PAIRS = [
 ]
 
 
-def grad_documents_raw(ms, name):
-    """grad_documents alone of a training workload (the raw contrastive backward op, the
-    argmax from the tree's own forward)."""
+def backward_raw(ms, name, grad):
+    """One gradient ("queries" or "documents") alone of a training workload: the raw
+    contrastive backward op, on the argmax of the tree's own forward."""
     _, backward = W.raw_training_ops(ms, name)
-    return lambda: backward(False, True)[1]
+    want_q = grad == "queries"
+    return lambda: backward(want_q, not want_q)[0 if want_q else 1]
 
 
 def grad_documents_public(ms, name, layout):
@@ -106,13 +107,6 @@ def grad_documents_public(ms, name, layout):
     return lambda: torch.autograd.grad(fn(), d, g)[0]
 
 
-def grad_queries_raw(ms, name):
-    """grad_queries alone of a training workload (the raw contrastive backward op, the argmax
-    from the tree's own forward)."""
-    _, backward = W.raw_training_ops(ms, name)
-    return lambda: backward(True, False)[0]
-
-
 def padded_rows(rows):
     """Rows of padded calls, (name, env, (B, C, Lq, Ld, D), query dtype, document format)."""
     return [(name, env, lambda ms, s=shape, q=qdtype, f=fmt: padded(ms, *s, q, f))
@@ -123,7 +117,7 @@ def padded_rows(rows):
 # op (the dense ones take the sorted kernel), and forward + grad_documents on the padded and
 # packed surfaces (the scan kernel, now reading entries through DocEntries).
 GRAD_DOCUMENTS = [
-    *((f"{n} grad_documents", {}, lambda ms, n=n: grad_documents_raw(ms, n))
+    *((f"{n} grad_documents", {}, lambda ms, n=n: backward_raw(ms, n, "documents"))
       for n in ("Contrastive", "LongDocs", "BigBatch", "ColPali", "BigColBERT", "DocDoc")),
     *((f"{n} {lay} forward + grad_documents", {}, lambda ms, n=n, lay=lay: grad_documents_public(ms, n, lay))
       for n, lay in (("Rerank", "ragged"), ("HeavyRerank", "full"), ("RerankPacked", "ragged"),
@@ -182,7 +176,7 @@ EPILOGUE = [
 # grad_queries' gathers, a slot's whole batch of 8 rows in flight for 16-bit rows (2026-11-27):
 # the training workloads' raw backward op.
 GRAD_QUERIES = [
-    *((f"{n} grad_queries", {}, lambda ms, n=n: grad_queries_raw(ms, n))
+    *((f"{n} grad_queries", {}, lambda ms, n=n: backward_raw(ms, n, "queries"))
       for n in ("Contrastive", "LongDocs", "BigBatch", "ColPali", "BigColBERT", "DocDoc")),
 ]
 

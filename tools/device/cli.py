@@ -409,7 +409,7 @@ def cmd_ab(args) -> int:
     -k cuda), then the same overhead.py probes (--probe, default `kernels split`) in each tree,
     or with --group tools/device/ab_trees.py's calls (both trees in one process), and, with
     --ncu, Nsight Compute of the candidate's kernels as `profile --ncu` does.
-    Logs: $OUT/probe_candidate.log, probe_base.log."""
+    Logs: $OUT/probe_candidate.log, probe_base.log (or ab_GROUPS.log and .json)."""
     base = Path(args.base)
     if not (ROOT / base / "tools" / "build.py").exists():
         raise SystemExit(f"--base {base}: no tools/build.py there (carry a copy of the other tree)")
@@ -434,14 +434,16 @@ def cmd_ab(args) -> int:
         print(Path("/tmp/build_base.log").read_text()[-3000:])
         return note(1, "base build")
     if args.group:
-        rc = run([sys.executable, DEVICE / "ab_trees.py", "--base", base, "--group", args.group,
-                  "--rounds", str(args.rounds), "--json", out_dir() / f"ab_{args.group.replace(',', '_')}.json"],
-                 env=test_env(), log=f"ab_{args.group.replace(',', '_')}.log", timeout=args.timeout)
-        return status | note(rc, f"ab_trees.py --group {args.group}")
-    for name, cwd in (("candidate", ROOT), ("base", ROOT / base)):
-        print(f"== {name}", flush=True)
-        status |= note(run([sys.executable, DEVICE / "overhead.py", *args.probe.split()], cwd=cwd,
-                           log=f"probe_{name}.log"), f"probe {name}")
+        stem = "ab_" + args.group.replace(",", "_")
+        status |= note(run([sys.executable, DEVICE / "ab_trees.py", "--base", base, "--group", args.group,
+                            "--rounds", str(args.rounds), "--json", out_dir() / f"{stem}.json"],
+                           env=test_env(), log=f"{stem}.log", timeout=args.timeout),
+                       f"ab_trees.py --group {args.group}")
+    else:
+        for name, cwd in (("candidate", ROOT), ("base", ROOT / base)):
+            print(f"== {name}", flush=True)
+            status |= note(run([sys.executable, DEVICE / "overhead.py", *args.probe.split()], cwd=cwd,
+                               log=f"probe_{name}.log"), f"probe {name}")
     for spec in args.ncu:
         status |= ncu_spec(spec, args)
     return status
