@@ -97,3 +97,21 @@ def test_byte_table_decoding_is_the_codec_order(cpu_kernel, nbits):
     gen = torch.Generator().manual_seed(10 + nbits)
     packed = torch.randint(0, 256, (3, 5, 16 * nbits), generator=gen).to(torch.uint8)
     assert torch.equal(W.colbert_buckets(packed, nbits, 128), cpu_kernel._residual.unpack_buckets(packed, nbits))
+
+
+@pytest.mark.parametrize("nbits", [1, 2, 4])
+@pytest.mark.parametrize("normalize", [True, False])
+def test_benchmark_decode_is_the_codecs(cpu_kernel, nbits, normalize):
+    """decompress-then-score's table decode gives the package's decompress_residuals bit for
+    bit, on random codes (int32 and int64) and bytes, padded shapes included."""
+    gen = torch.Generator().manual_seed(20 + nbits)
+    centroids = torch.randn(37, 128, generator=gen).to(torch.float16)
+    weights = torch.randn(1 << nbits, generator=gen).to(torch.float16)
+    codec = cpu_kernel.ResidualCodec(centroids, weights, nbits, normalize=normalize)
+    for code_dtype in (torch.int32, torch.int64):
+        codes = torch.randint(0, 37, (3, 5, 11), generator=gen).to(code_dtype)
+        packed = torch.randint(0, 256, (3, 5, 11, 16 * nbits), generator=gen).to(torch.uint8)
+        for dtype in (torch.float32, torch.float16):
+            got = W.torch_decompress(codes, packed, codec, dtype)
+            want = cpu_kernel.decompress_residuals(codes, packed, codec, dtype)
+            assert got.dtype == dtype and torch.equal(got, want)
