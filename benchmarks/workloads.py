@@ -360,15 +360,16 @@ def torch_decompress(codes, residuals, codec, dtype):
     """Residual documents -> tokens [..., D] in `dtype` in plain PyTorch ops (no checks, no
     host sync: capturable): what a decompress-then-score pipeline writes to memory.
 
-    Each residual byte indexes a 256-row table of its 8 / nbits bucket weights (float32), so
-    the decode is two row gathers (centroids by code, weights by byte) and an add, with no
-    per-value index tensor: the per-value int64 bucket ids of `colbert_buckets` made this
-    3x slower on an H100 (HeavyRerank 18.2 against 6.0 ms; maxsim_cuda/NOTES.md)."""
+    Each residual byte picks its 8 / nbits bucket weights from a 256 x (8 / nbits) table with
+    `take`; a row gather of that table (embedding, index_select, []) took 15.8 ms on an H100
+    for HeavyRerank's 26 M bytes, `take` 1.1 ms (tools/device/profile_decompress.py)."""
     lead, dim = residuals.shape[:-1], codec.dim
+    per_byte = 8 // codec.nbits
     byte_values = torch.arange(256, device=residuals.device, dtype=torch.uint8)[:, None]
-    table = codec.bucket_weights.float()[colbert_buckets(byte_values, codec.nbits, 8 // codec.nbits)]
-    weights = torch.nn.functional.embedding(residuals.reshape(-1, residuals.shape[-1]).int(), table)
-    centroids = torch.nn.functional.embedding(codes.reshape(-1).int(), codec.centroids.float())
+    table = codec.bucket_weights.float()[colbert_buckets(byte_values, codec.nbits, per_byte)].reshape(-1)
+    slots = residuals.reshape(-1, residuals.shape[-1]).long().unsqueeze(-1) * per_byte
+    weights = table.take(slots + torch.arange(per_byte, device=residuals.device))
+    centroids = codec.centroids.float().index_select(0, codes.reshape(-1).long())
     t = (centroids + weights.reshape(-1, dim)).reshape(*lead, dim)
     if codec.normalize:
         t = torch.nn.functional.normalize(t, p=2, dim=-1, eps=1e-12)
