@@ -51,7 +51,8 @@ TRAINING_WORKLOADS = "Contrastive,LongDocs,BigBatch,ColPali,BigColBERT,DocDoc"
 RESIDUAL_RUNS = (
     ("residual_single", "SingleQueryRerank", "plain,residual2,centroids"),
     ("residual_single_packed", "SingleQueryRerankPacked", "plain,residual2,centroids"),
-    ("residual_heavy", "HeavyRerank,HeavyRerankPacked", "plain,residual2"),
+    ("residual_heavy", "HeavyRerank", "plain,residual2"),
+    ("residual_heavy_packed", "HeavyRerankPacked", "plain,residual2"),
     ("residual_colpali", "ColPaliRerank,ColPaliRerankPacked", "plain,residual2"),
     ("residual_nbits", "SingleQueryRerank", "plain,residual1,residual4"),
 )
