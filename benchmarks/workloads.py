@@ -341,7 +341,8 @@ def compress_residual(x: Inputs, kernel, fmt: str) -> Inputs:
     nbits = CENTROID_NBITS if fmt == CENTROID_FORMAT else RESIDUAL_FORMATS[fmt]
     codec, cutoffs = residual_codec(kernel, tokens, nbits, RESIDUAL_CENTROIDS[x.device.type])
     codes, residuals = kernel.compress_residuals(docs, codec, cutoffs)
-    t = dict(x.t, document_codes=codes, document_residuals=residuals, codec=codec)
+    t = dict(x.t, document_codes=codes, document_residuals=residuals, codec=codec,
+             residual_byte_table=residual_byte_table(codec))
     return Inputs(x.workload, x.shape, x.dtype, x.layout, t, documents_format=fmt)
 
 
@@ -356,17 +357,25 @@ def colbert_buckets(residuals, nbits, dim):
     return table[residuals.long()].reshape(*residuals.shape[:-1], dim)
 
 
-def torch_decompress(codes, residuals, codec, dtype):
+def residual_byte_table(codec):
+    """Each byte value's 8 / nbits bucket weights (float32, flat [256 * (8 / nbits)]), built once
+    per codec, as colbert-ai builds its decompression lookup table when it loads a codec."""
+    per_byte = 8 // codec.nbits
+    byte_values = torch.arange(256, device=codec.bucket_weights.device, dtype=torch.uint8)[:, None]
+    return codec.bucket_weights.float()[colbert_buckets(byte_values, codec.nbits, per_byte)].reshape(-1)
+
+
+def torch_decompress(codes, residuals, codec, dtype, byte_table=None):
     """Residual documents -> tokens [..., D] in `dtype` in plain PyTorch ops (no checks, no
     host sync: capturable): what a decompress-then-score pipeline writes to memory.
+    byte_table: residual_byte_table(codec), made here when not given.
 
-    Each residual byte picks its 8 / nbits bucket weights from a 256 x (8 / nbits) table with
-    `take`; a row gather of that table (embedding, index_select, []) took 15.8 ms on an H100
-    for HeavyRerank's 26 M bytes, `take` 1.1 ms (tools/device/profile_decompress.py)."""
+    Each residual byte picks its 8 / nbits bucket weights from the byte table with `take`; a
+    row gather of the [256, 8 / nbits] table (embedding, index_select, []) took 15.8 ms on an
+    H100 for HeavyRerank's 26 M bytes, `take` 1.1 ms (tools/device/profile_decompress.py)."""
     lead, dim = residuals.shape[:-1], codec.dim
     per_byte = 8 // codec.nbits
-    byte_values = torch.arange(256, device=residuals.device, dtype=torch.uint8)[:, None]
-    table = codec.bucket_weights.float()[colbert_buckets(byte_values, codec.nbits, per_byte)].reshape(-1)
+    table = residual_byte_table(codec) if byte_table is None else byte_table
     slots = residuals.reshape(-1, residuals.shape[-1]).long().unsqueeze(-1) * per_byte
     weights = table.take(slots + torch.arange(per_byte, device=residuals.device))
     centroids = codec.centroids.float().index_select(0, codes.reshape(-1).long())
@@ -397,9 +406,11 @@ def dequantized(x: Inputs) -> Inputs:
 def decompressed(x: Inputs, dtype=None) -> Inputs:
     """x with the float documents replaced by its residual documents decompressed in plain
     PyTorch (torch_decompress) in the query dtype (or `dtype`)."""
-    docs = torch_decompress(x.document_codes, x.document_residuals, x.codec, dtype or x.dtype)
+    docs = torch_decompress(x.document_codes, x.document_residuals, x.codec, dtype or x.dtype,
+                            x.t.get("residual_byte_table"))
     key = "documents" if x.workload.surface == "padded" else "documents_packed"
-    t = {k: v for k, v in x.t.items() if k not in ("document_codes", "document_residuals", "codec")}
+    t = {k: v for k, v in x.t.items()
+         if k not in ("document_codes", "document_residuals", "codec", "residual_byte_table")}
     return Inputs(x.workload, x.shape, x.dtype, x.layout, dict(t, **{key: docs}))
 
 

@@ -115,3 +115,5 @@ def test_benchmark_decode_is_the_codecs(cpu_kernel, nbits, normalize):
             got = W.torch_decompress(codes, packed, codec, dtype)
             want = cpu_kernel.decompress_residuals(codes, packed, codec, dtype)
             assert got.dtype == dtype and torch.equal(got, want)
+            # the table made once per codec, as compare.py's rows pass it
+            assert torch.equal(W.torch_decompress(codes, packed, codec, dtype, W.residual_byte_table(codec)), want)

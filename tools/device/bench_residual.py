@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from bench_compressed import graph_time_ms  # noqa: E402
-from workloads import torch_decompress  # noqa: E402  (compare.py's decompress-then-score)
+from workloads import residual_byte_table, torch_decompress  # noqa: E402  (compare.py's decompress-then-score)
 
 ROOT = Path(__file__).resolve().parents[2]
 N_CENTROIDS = 4096
@@ -83,8 +83,9 @@ def main():
             if nbits == 2:
                 dense = ms.decompress_residuals(codes, res, codec, torch.float16)
                 row["fp16_ms"] = graph_time_ms(lambda: ms.score_candidates_padded(q, dense, ql, dl))
-                row["decompress_then_score_ms"] = graph_time_ms(
-                    lambda: ms.score_candidates_padded(q, torch_decompress(codes, res, codec, torch.float16), ql, dl))
+                table = residual_byte_table(codec)
+                row["decompress_then_score_ms"] = graph_time_ms(lambda: ms.score_candidates_padded(
+                    q, torch_decompress(codes, res, codec, torch.float16, table), ql, dl))
                 row["fp16_GBytes"] = dense.numel() * 2 / 1e9
                 # correctness spot check against the float16 documents (rounding of t only)
                 a = ms.score_candidates_padded(q, res, ql, dl, document_codes=codes, residual_codec=codec)

@@ -34,20 +34,19 @@ def main() -> None:
     x = W.build_inputs(W.WORKLOADS["HeavyRerank"], "cuda", layout="full")
     r = W.compress(x, ms, "residual2")
     codes, res, codec = r.document_codes, r.document_residuals, r.codec
-    nbits, dim, per_byte = codec.nbits, codec.dim, 8 // codec.nbits
+    dim, per_byte = codec.dim, 8 // codec.nbits
     print("codes", codes.dtype, tuple(codes.shape), "residuals", tuple(res.shape), "centroids",
           codec.centroids.dtype, tuple(codec.centroids.shape), "query", x.dtype)
-    cents, w = codec.centroids.float(), codec.bucket_weights.float()
-    byte_values = torch.arange(256, device="cuda", dtype=torch.uint8)[:, None]
-    table = w[W.colbert_buckets(byte_values, nbits, per_byte)]            # [256, per_byte]
-    shifts = torch.arange(8 - nbits, -1, -nbits, device="cuda", dtype=torch.uint8)
+    cents = codec.centroids.float()
+    flat_table = W.residual_byte_table(codec)
+    table = flat_table.view(256, per_byte)   # the row-gather forms' view of the same table
     flat_codes, flat_res = codes.reshape(-1), res.reshape(-1, res.shape[-1])
 
     def finish(t):
         return F.normalize(t.reshape(*res.shape[:-1], dim), p=2, dim=-1, eps=1e-12).to(x.dtype)
 
     forms = {
-        "torch_decompress (take)": lambda: W.torch_decompress(codes, res, codec, x.dtype),
+        "torch_decompress (take)": lambda: W.torch_decompress(codes, res, codec, x.dtype, flat_table),
         "embedding both (ca5bbe3's form)": lambda: finish(F.embedding(flat_codes.int(), cents) + F.embedding(
             flat_res.int(), table).reshape(-1, dim)),
         "centroids only: embedding int32": lambda: F.embedding(flat_codes.int(), cents),
@@ -56,20 +55,20 @@ def main() -> None:
         "weights only: embedding int32": lambda: F.embedding(flat_res.int(), table),
         "weights only: index_select int64": lambda: table.index_select(0, flat_res.reshape(-1).long()),
         "weights only: [] int64": lambda: table[flat_res.long()],
-        "weights only: take on flat table": lambda: table.reshape(-1).take(
+        "weights only: take on flat table": lambda: flat_table.take(
             (flat_res.long().unsqueeze(-1) * per_byte + torch.arange(per_byte, device="cuda"))),
         "index_select both": lambda: finish(cents.index_select(0, flat_codes.long()) + table.index_select(
             0, flat_res.reshape(-1).long()).reshape(-1, dim)),
         "[] both": lambda: finish(cents[flat_codes.long()] + table[flat_res.long()].reshape(-1, dim)),
     }
-    want = W.torch_decompress(codes, res, codec, x.dtype)
+    want = W.torch_decompress(codes, res, codec, x.dtype, flat_table)
     for name, fn in forms.items():
         ms_ = timed(fn)
         out = fn()
         same = torch.equal(out, want) if out.shape == want.shape else "-"
         print(f"{name:45s} {ms_:8.3f} ms  equal: {same}")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        W.torch_decompress(codes, res, codec, x.dtype)
+        W.torch_decompress(codes, res, codec, x.dtype, flat_table)
         torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=8))
 
