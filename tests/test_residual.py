@@ -521,3 +521,102 @@ def test_centroid_score_many_pairs(device, lq, rng):
     pd = torch.randint(0, 1500, (2501,), generator=rng).to(dev)
     listed = ms.score_centroids(q, codes, offsets, centroids, pair_query_ids=pq, pair_document_ids=pd)
     assert torch.equal(listed, scores[pq, pd])
+
+
+@pytest.mark.parametrize("query_dtype", (torch.float16, torch.bfloat16), ids=str)
+@pytest.mark.parametrize("dim", (16, 80, 128))
+def test_centroid_score_table_bound(device, query_dtype, dim, rng):
+    """CUDA's 16-bit table (cuBLAS with float32 output) within float32 accumulation's bound of
+    the float64 products, and the scores against the float64 reference: centroid counts and
+    Nq * Lq off any block size, several queries, short query lengths."""
+    ms, dev = residual_backends(device)
+    if dev.type != "cuda":
+        pytest.skip("CUDA's table")
+    lens = (0, 3, 65, 300, 1, 1100)
+    q, centroids, codes, offsets = centroid_case(rng, dev, nq=3, lq=37, n_cent=1000, dim=dim, lens=lens)
+    q, centroids = q.to(query_dtype), centroids.to(query_dtype)
+    ql = torch.tensor([37, 5, 0], device=dev)
+    ref = RES.score_centroids_reference(q.cpu().double(), codes.cpu(), offsets.cpu(), centroids.cpu().double(),
+                                        query_lengths=ql.cpu())
+    finite = torch.isfinite(ref)
+    table64 = torch.matmul(centroids.double(), q.double().transpose(1, 2))
+    table = ms._api.ops.centroid_table(q, centroids)
+    assert table.shape == (3, 1000, 37) and table.dtype == torch.float32
+    # float32 accumulation of exact 16-bit products: within dim ulps of the sum of |terms|
+    bound = dim * 2.0 ** -23 * torch.matmul(centroids.double().abs(), q.double().abs().transpose(1, 2))
+    assert ((table.double() - table64).abs() <= bound + 1e-30).all()
+    scores = ms.score_centroids(q, codes, offsets, centroids, query_lengths=ql)
+    assert torch.equal(scores.cpu()[~finite], ref[~finite].float())
+    torch.testing.assert_close(scores.cpu().double()[finite], ref[finite], rtol=1e-5, atol=1e-5)
+    assert torch.equal(ms.score_centroids(q, codes, offsets, centroids, query_lengths=ql), scores)
+
+
+def test_centroid_score_reads_fresh_inputs(device, rng):
+    """Codes, offsets and pair ids each written by the kernel right before the call, eagerly
+    and in a CUDA graph: the op's table and gather read them as written."""
+    ms, dev = residual_backends(device)
+    if dev.type != "cuda":
+        pytest.skip("CUDA streams and graphs")
+    lens = tuple(torch.randint(1, 400, (300,), generator=rng).tolist())
+    q, centroids, codes, offsets = centroid_case(rng, dev, nq=2, lq=32, n_cent=4096, dim=128, lens=lens)
+    q, centroids = q.half(), centroids.half()
+    pq = torch.randint(0, 2, (500,), generator=rng).to(dev)
+    pd = torch.randint(0, 300, (500,), generator=rng).to(dev)
+    want = ms.score_centroids(q, codes, offsets, centroids, pair_query_ids=pq, pair_document_ids=pd)
+    src = [codes.clone(), offsets.clone(), pq.clone(), pd.clone()]
+    dst = [torch.zeros_like(t) for t in src]
+
+    def call():
+        for d, s in zip(dst, src):  # each a kernel right before the call
+            d.copy_(s)
+        return ms.score_centroids(q, dst[0], dst[1], centroids, pair_query_ids=dst[2], pair_document_ids=dst[3])
+
+    for _ in range(3):
+        for d in dst:
+            d.zero_()
+        assert torch.equal(call(), want)
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        out = call()
+    for _ in range(3):
+        for d in dst:
+            d.zero_()
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want)
+
+
+def test_centroid_score_compiled(device, rng):
+    """torch.compile(fullgraph=True) traces score_centroids through its fake kernel."""
+    ms, dev = residual_backends(device)
+    q, centroids, codes, offsets = centroid_case(rng, dev)
+    pq = torch.tensor([0, 2, 1], device=dev)
+    pd = torch.tensor([2, 2, 5], device=dev)
+    for kwargs in ({}, dict(pair_query_ids=pq, pair_document_ids=pd)):
+        eager = ms.score_centroids(q, codes, offsets, centroids, **kwargs)
+        fn = lambda *a, **k: ms.score_centroids(*a, **k)  # noqa: E731
+        traced = torch.compile(fn, fullgraph=True, backend="aot_eager")(q, codes, offsets, centroids, **kwargs)
+        assert torch.equal(eager, traced)
+
+
+def test_centroid_score_argument_errors(device, rng):
+    ms, dev = residual_backends(device)
+    q, centroids, codes, offsets = centroid_case(rng, dev)
+    with pytest.raises(TypeError, match="document_codes must be a torch.Tensor"):
+        ms.score_centroids(q, None, offsets, centroids)
+    with pytest.raises(TypeError, match="document_codes must be int32 or int64"):
+        ms.score_centroids(q, codes.float(), offsets, centroids)
+    with pytest.raises(ValueError, match="queries must be a float tensor"):
+        ms.score_centroids(q[0], codes, offsets, centroids)
+    with pytest.raises(ValueError, match=r"query_lengths must have shape \(3,\)"):
+        ms.score_centroids(q, codes, offsets, centroids, query_lengths=torch.tensor([1, 2], device=dev))
+    with pytest.raises(ValueError, match="pair_document_ids must have shape"):
+        ms.score_centroids(q, codes, offsets, centroids, pair_query_ids=torch.tensor([0, 1], device=dev),
+                           pair_document_ids=torch.tensor([0], device=dev))
+    if dev.type == "cpu":
+        with pytest.raises(ValueError, match="document_offsets must end at document_codes.shape"):
+            ms.score_centroids(q, codes[:-1], offsets, centroids)
+        with pytest.raises(ValueError, match="query_lengths must be <= Lq"):
+            ms.score_centroids(q, codes, offsets, centroids, query_lengths=torch.tensor([1, 2, 99]))

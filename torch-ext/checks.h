@@ -357,4 +357,42 @@ inline void packed(const Tensor& q, const Tensor& q_offsets, const Tensor& d, co
   }
 }
 
+// PLAID's centroid-only score: queries [Nq, Lq, D] and centroids [n_centroids, D] in any float
+// dtype (the table accumulates in float32 or better), codes cut by document_offsets, and either
+// every (query, document) pair or the listed ones.
+inline void centroids(const Tensor& q, const Tensor& codes, const Tensor& offs, const Tensor& cents, const Opt& ql,
+                      const Opt& pq, const Opt& pd) {
+  TORCH_CHECK_VALUE(q.dim() == 3 && q.is_floating_point(), "queries must be a float tensor [Nq, Lq, D], got " +
+                                                               dtype_str(q.scalar_type()) + " of shape " +
+                                                               shape_str(q.sizes()));
+  TORCH_CHECK_VALUE(cents.dim() == 2 && cents.is_floating_point() && cents.size(1) == q.size(2),
+                    "centroids must be a float tensor [n_centroids, D = " + std::to_string(q.size(2)) + "], got " +
+                        dtype_str(cents.scalar_type()) + " of shape " + shape_str(cents.sizes()));
+  index("document_codes", codes, std::nullopt);
+  index("document_offsets", offs, std::nullopt);
+  TORCH_CHECK_VALUE(pq.has_value() == pd.has_value(), "pair_query_ids and pair_document_ids go together");
+  if (pq.has_value()) {
+    index("pair_query_ids", *pq, std::nullopt);
+    const int64_t p[1] = {pq->size(0)};
+    index("pair_document_ids", *pd, c10::IntArrayRef(p, 1));
+  }
+  const int64_t nq[1] = {q.size(0)};
+  if (ql.has_value()) index("query_lengths", *ql, c10::IntArrayRef(nq, 1));
+  same_device({{"queries", &q},
+               {"document_codes", &codes},
+               {"document_offsets", &offs},
+               {"centroids", &cents},
+               {"query_lengths", ql ? &*ql : nullptr},
+               {"pair_query_ids", pq ? &*pq : nullptr},
+               {"pair_document_ids", pd ? &*pd : nullptr}});
+  const bool read = reads_values(q);
+  offsets("document_offsets", offs, codes.size(0), "document_codes.shape[0]", read);
+  ids_in_range("document_codes", codes, cents.size(0), "n_centroids", read);
+  if (pq.has_value()) {
+    ids_in_range("pair_query_ids", *pq, q.size(0), "number of queries", read);
+    ids_in_range("pair_document_ids", *pd, offs.size(0) - 1, "number of documents", read);
+  }
+  if (ql.has_value()) lengths_in_range("query_lengths", *ql, q.size(1), "Lq", read);
+}
+
 }  // namespace maxsim_checks

@@ -256,46 +256,14 @@ def score_centroids(queries, document_codes, document_offsets, centroids, *, que
     """
     _tensor("queries", queries, "[Nq, Lq, D]")
     _tensor("centroids", centroids, "[n_centroids, D]")
-    for name, t in (("document_codes", document_codes), ("document_offsets", document_offsets),
-                    ("query_lengths", query_lengths), ("pair_query_ids", pair_query_ids),
+    for name, t in (("document_codes", document_codes), ("document_offsets", document_offsets)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of int32 or int64, got {type(t).__name__}")
+    for name, t in (("query_lengths", query_lengths), ("pair_query_ids", pair_query_ids),
                     ("pair_document_ids", pair_document_ids)):
         _index(name, t)
-    if queries.dim() != 3 or not queries.is_floating_point():
-        raise ValueError(f"queries must be a float tensor [Nq, Lq, D], got {queries.dtype} of shape "
-                         f"{tuple(queries.shape)}")
-    if centroids.dim() != 2 or not centroids.is_floating_point() or centroids.shape[1] != queries.shape[2]:
-        raise ValueError(f"centroids must be a float tensor [n_centroids, D = {queries.shape[2]}], got "
-                         f"{centroids.dtype} of shape {tuple(centroids.shape)}")
-    for name, t in (("document_codes", document_codes), ("document_offsets", document_offsets)):
-        check.index(name, t, None)
-    if (pair_query_ids is None) != (pair_document_ids is None):
-        raise ValueError("pair_query_ids and pair_document_ids go together")
-    if pair_query_ids is not None:
-        check.index("pair_query_ids", pair_query_ids, None)
-        check.index("pair_document_ids", pair_document_ids, tuple(pair_query_ids.shape))
-    if query_lengths is not None:
-        check.index("query_lengths", query_lengths, (queries.shape[0],))
-    check.same_device(("queries", "document_codes", "document_offsets", "centroids", "query_lengths",
-                       "pair_query_ids", "pair_document_ids"), queries, document_codes, document_offsets,
-                      centroids, query_lengths, pair_query_ids, pair_document_ids)
-    read = check.reads_values(queries)
-    check.offsets("document_offsets", document_offsets, document_codes.shape[0], "document_codes.shape[0]", read)
-    check.ids_in_range("document_codes", document_codes, centroids.shape[0], "n_centroids", read)
-    if pair_query_ids is not None:
-        check.ids_in_range("pair_query_ids", pair_query_ids, queries.shape[0], "number of queries", read)
-        check.ids_in_range("pair_document_ids", pair_document_ids, document_offsets.shape[0] - 1,
-                           "number of documents", read)
-    if query_lengths is not None:
-        check.lengths_in_range("query_lengths", query_lengths, queries.shape[1], "Lq", read)
-    # The table accumulates in float32 (or better) even where the caller lets float32 matmuls
-    # round their inputs (TF32 on CUDA, bfloat16 through oneDNN on some CPUs).
-    if queries.is_cuda:
-        table = ops.centroid_table(queries, centroids)
-    else:
-        wide = torch.float64 if queries.device.type == "cpu" and torch.get_float32_matmul_precision() != "highest" \
-            else torch.float32
-        with torch.no_grad():
-            table = torch.matmul(centroids.to(wide), queries.to(wide).transpose(1, 2)).float().contiguous()
-    c = lambda t: None if t is None else t.contiguous()  # noqa: E731
-    return ops.centroid_forward(table, document_codes.contiguous(), document_offsets.contiguous(),
-                                c(query_lengths), c(pair_query_ids), c(pair_document_ids))
+    # One op: its checks (checks.h), the table in float32 accumulation or better whatever the
+    # matmul settings (TF32 on CUDA, bfloat16 through oneDNN on some CPUs would round it), and
+    # the gather.
+    return ops.centroid_score(queries, document_codes, document_offsets, centroids, query_lengths,
+                              pair_query_ids, pair_document_ids)

@@ -108,3 +108,13 @@ def _(table, document_codes, document_offsets, query_lengths=None, pair_query_id
 def _(queries, centroids):
     nq, nc, lq = queries.shape[0], centroids.shape[0], queries.shape[1]
     return queries.new_empty_strided((nq, nc, lq), (lq, nq * lq, 1), dtype=torch.float32)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("centroid_score"))
+def _(queries, document_codes, document_offsets, centroids, query_lengths=None, pair_query_ids=None,
+      pair_document_ids=None):
+    check.centroid_call(queries, document_codes, document_offsets, centroids, query_lengths,
+                        pair_query_ids, pair_document_ids)
+    if pair_query_ids is not None:
+        return queries.new_empty(tuple(pair_query_ids.shape), dtype=torch.float32)
+    return queries.new_empty((queries.shape[0], document_offsets.shape[0] - 1), dtype=torch.float32)

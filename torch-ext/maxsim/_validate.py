@@ -284,3 +284,24 @@ def packed_call(q, q_offsets, d, d_offsets, pq, pd, scales) -> None:
                  "pair_document_ids"), q, q_offsets, d, d_offsets, pq, pd)
     offsets("query_offsets", q_offsets, q.shape[0], "queries.shape[0]", False)
     offsets("document_offsets", d_offsets, d.shape[0], "documents.shape[0]", False)
+
+
+def centroid_call(q, codes, offsets_, cents, ql, pq, pd) -> None:
+    """The centroid score's checks, as checks.h's `centroids` runs them (for the fake kernel)."""
+    if q.dim() != 3 or not q.is_floating_point():
+        raise ValueError(f"queries must be a float tensor [Nq, Lq, D], got {q.dtype} of shape {tuple(q.shape)}")
+    if cents.dim() != 2 or not cents.is_floating_point() or cents.shape[1] != q.shape[2]:
+        raise ValueError(f"centroids must be a float tensor [n_centroids, D = {q.shape[2]}], got "
+                         f"{cents.dtype} of shape {tuple(cents.shape)}")
+    index("document_codes", codes, None)
+    index("document_offsets", offsets_, None)
+    if (pq is None) != (pd is None):
+        raise ValueError("pair_query_ids and pair_document_ids go together")
+    if pq is not None:
+        index("pair_query_ids", pq, None)
+        index("pair_document_ids", pd, tuple(pq.shape))
+    if ql is not None:
+        index("query_lengths", ql, (q.shape[0],))
+    same_device(("queries", "document_codes", "document_offsets", "centroids", "query_lengths",
+                 "pair_query_ids", "pair_document_ids"), q, codes, offsets_, cents, ql, pq, pd)
+    offsets("document_offsets", offsets_, codes.shape[0], "document_codes.shape[0]", False)
