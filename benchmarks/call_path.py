@@ -87,6 +87,21 @@ def entry_points(kernel, x: W.Inputs):
     return out
 
 
+def centroid_calls(kernel, device, dtype):
+    """PLAID's centroid-only score on the tiny shape: one 32-token query against one document of
+    32 codes over 256 centroids, every pair and the same pair listed."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 32, D, generator=g).to(device, dtype)
+    centroids = torch.randn(256, D, generator=g).to(device, dtype)
+    codes = torch.randint(0, 256, (32,), generator=g).to(device)
+    offsets = torch.tensor([0, 32], device=device)
+    pair = torch.zeros(1, dtype=torch.int64, device=device)
+    call = kernel.score_centroids
+    return {"maxsim score_centroids": functools.partial(call, q, codes, offsets, centroids),
+            "maxsim score_centroids (listed pair)": functools.partial(
+                call, q, codes, offsets, centroids, pair_query_ids=pair, pair_document_ids=pair)}
+
+
 def baselines(x: W.Inputs, kernel, peers=True):
     dev = x.device
     a = torch.randn(32, D, device=dev, dtype=x.dtype)
@@ -122,6 +137,8 @@ def main():
         x = W.build_inputs(w, device, dtype=dtype)
         print(f"{name}: {w.describe(w.shape)}")
         fns = {("maxsim " + k): v for k, v in entry_points(kernel, x).items()}
+        if name == "Tiny":
+            fns.update(centroid_calls(kernel, device, dtype))
         if name in ("Tiny", "OneBy100", "TinyPacked"):
             fns.update(baselines(x, kernel, peers=not args.no_peers))
         for label, fn in fns.items():
