@@ -525,10 +525,14 @@ std::tuple<at::Tensor, at::Tensor> packed_backward(
                       false, false);
 }
 
-namespace {
-
-// The [Nq, n_centroids, Lq] view of a [n_centroids, Nq * Lq] float32 table (contiguous q, c).
-at::Tensor build_table(const at::Tensor& q, const at::Tensor& c) {
+at::Tensor centroid_table(const at::Tensor& queries, const at::Tensor& centroids) {
+  TORCH_CHECK(queries.is_cuda() && queries.dim() == 3, "maxsim: queries must be [Nq, Lq, D] on CUDA");
+  check_device(centroids, queries, "centroids");
+  TORCH_CHECK(centroids.dim() == 2 && centroids.size(1) == queries.size(2),
+              "maxsim: centroids must be [n_centroids, D] with the queries' D");
+  TORCH_CHECK(centroids.size(0) <= 0x7fffffff, "maxsim: at most 2**31 - 1 centroids");
+  const c10::cuda::CUDAGuard guard(queries.device());
+  const at::Tensor q = queries.contiguous(), c = centroids.contiguous();
   const int64_t nq = q.size(0), nc = c.size(0), lq = q.size(1);
   // [n_centroids, Nq * Lq] seen as [Nq, n_centroids, Lq]: one GEMM for every query
   const auto as_table = [&](const at::Tensor& t) { return t.view({nc, nq, lq}).permute({1, 0, 2}); };
@@ -556,9 +560,14 @@ at::Tensor build_table(const at::Tensor& q, const at::Tensor& c) {
   return as_table(table);
 }
 
-at::Tensor gather(const at::Tensor& table, const at::Tensor& document_codes, const at::Tensor& document_offsets,
-                  const std::optional<at::Tensor>& query_lengths, const std::optional<at::Tensor>& pair_query_ids,
-                  const std::optional<at::Tensor>& pair_document_ids) {
+at::Tensor centroid_forward(const at::Tensor& table, const at::Tensor& document_codes,
+                            const at::Tensor& document_offsets, const std::optional<at::Tensor>& query_lengths,
+                            const std::optional<at::Tensor>& pair_query_ids,
+                            const std::optional<at::Tensor>& pair_document_ids) {
+  TORCH_CHECK(table.is_cuda() && table.scalar_type() == at::kFloat && table.dim() == 3 &&
+                  (table.size(2) <= 1 || table.stride(2) == 1) && table.stride(0) >= 0 && table.stride(1) >= 0,
+              "maxsim: the centroid table must be float32 [Nq, n_centroids, Lq] on CUDA, Lq contiguous");
+  const c10::cuda::CUDAGuard guard(table.device());
   CentroidParams p;
   p.table = table.numel() > 0 ? table.data_ptr<float>() : nullptr;
   p.num_queries = table.size(0);
@@ -585,46 +594,6 @@ at::Tensor gather(const at::Tensor& table, const at::Tensor& document_codes, con
   p.stream = c10::cuda::getCurrentCUDAStream().stream();
   check_launch(launch_centroid_score(p));
   return scores;
-}
-
-void check_centroid_inputs(const at::Tensor& queries, const at::Tensor& centroids) {
-  TORCH_CHECK(queries.is_cuda() && queries.dim() == 3, "maxsim: queries must be [Nq, Lq, D] on CUDA");
-  check_device(centroids, queries, "centroids");
-  TORCH_CHECK(centroids.dim() == 2 && centroids.size(1) == queries.size(2),
-              "maxsim: centroids must be [n_centroids, D] with the queries' D");
-  TORCH_CHECK(centroids.size(0) <= 0x7fffffff, "maxsim: at most 2**31 - 1 centroids");
-}
-
-}  // namespace
-
-at::Tensor centroid_table(const at::Tensor& queries, const at::Tensor& centroids) {
-  check_centroid_inputs(queries, centroids);
-  const c10::cuda::CUDAGuard guard(queries.device());
-  const at::Tensor q = queries.contiguous(), c = centroids.contiguous();
-  return build_table(q, c);
-}
-
-at::Tensor centroid_forward(const at::Tensor& table, const at::Tensor& document_codes,
-                            const at::Tensor& document_offsets, const std::optional<at::Tensor>& query_lengths,
-                            const std::optional<at::Tensor>& pair_query_ids,
-                            const std::optional<at::Tensor>& pair_document_ids) {
-  TORCH_CHECK(table.is_cuda() && table.scalar_type() == at::kFloat && table.dim() == 3 &&
-                  (table.size(2) <= 1 || table.stride(2) == 1) && table.stride(0) >= 0 && table.stride(1) >= 0,
-              "maxsim: the centroid table must be float32 [Nq, n_centroids, Lq] on CUDA, Lq contiguous");
-  const c10::cuda::CUDAGuard guard(table.device());
-  return gather(table, document_codes, document_offsets, query_lengths, pair_query_ids, pair_document_ids);
-}
-
-at::Tensor centroid_score(const at::Tensor& queries, const at::Tensor& document_codes,
-                          const at::Tensor& document_offsets, const at::Tensor& centroids,
-                          const std::optional<at::Tensor>& query_lengths,
-                          const std::optional<at::Tensor>& pair_query_ids,
-                          const std::optional<at::Tensor>& pair_document_ids) {
-  check_centroid_inputs(queries, centroids);
-  const c10::cuda::CUDAGuard guard(queries.device());
-  const at::Tensor q = queries.contiguous(), c = centroids.contiguous();
-  return gather(build_table(q, c), document_codes, document_offsets, query_lengths, pair_query_ids,
-                pair_document_ids);
 }
 
 }  // namespace maxsim_cuda

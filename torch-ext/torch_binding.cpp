@@ -94,34 +94,28 @@ Pair packed_backward(const Tensor& g, const Tensor& q, const Tensor& q_offsets, 
 #undef MAXSIM_STORAGE_ARGS
 
 // PLAID's centroid-only score in one op: the checks, the [Nq, n_centroids, Lq] table of
-// query-centroid similarities, then the backend's gather. The table accumulates in float32 or
-// better whatever the caller's matmul settings allow: on the CPU a float64 matmul where the
-// float32 precision is not "highest" (oneDNN may round float32 inputs to bfloat16 otherwise);
-// Metal has no reduced float32 matmul. CUDA builds its own table (centroid_score in ops.cpp).
+// query-centroid similarities, then the backend's gather (its centroid_forward). The table
+// accumulates in float32 or better whatever the caller's matmul settings allow: CUDA builds it
+// with maxsim_cuda::centroid_table; elsewhere a matmul, in float64 on the CPU where the float32
+// precision is not "highest" (oneDNN may round float32 inputs to bfloat16 otherwise); Metal
+// has no reduced float32 matmul.
+using Table = Tensor (*)(const Tensor&, const Tensor&);
 using Gather = Tensor (*)(const Tensor&, const Tensor&, const Tensor&, const Opt&, const Opt&, const Opt&);
 
-template <Gather Fn>
-Tensor centroid_score_matmul(const Tensor& q, const Tensor& codes, const Tensor& offs, const Tensor& cents,
-                             const Opt& ql, const Opt& pq, const Opt& pd) {
-  maxsim_checks::centroids(q, codes, offs, cents, ql, pq, pd);
+inline Tensor matmul_table(const Tensor& q, const Tensor& cents) {
   const bool wide = q.is_cpu() && at::globalContext().float32MatmulPrecision() != at::Float32MatmulPrecision::HIGHEST;
   const auto acc = wide || q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  Tensor table;
-  {
-    const at::NoGradGuard no_grad;
-    table = at::matmul(cents.to(acc), q.to(acc).transpose(1, 2)).to(at::kFloat).contiguous();
-  }
-  return Fn(table, codes.contiguous(), offs.contiguous(), contiguous(ql), contiguous(pq), contiguous(pd));
+  const at::NoGradGuard no_grad;
+  return at::matmul(cents.to(acc), q.to(acc).transpose(1, 2)).to(at::kFloat).contiguous();
 }
 
-#if defined(CUDA_KERNEL)
-Tensor centroid_score_cuda(const Tensor& q, const Tensor& codes, const Tensor& offs, const Tensor& cents,
-                           const Opt& ql, const Opt& pq, const Opt& pd) {
+template <Table MakeTable, Gather Fn>
+Tensor centroid_score(const Tensor& q, const Tensor& codes, const Tensor& offs, const Tensor& cents, const Opt& ql,
+                      const Opt& pq, const Opt& pd) {
   maxsim_checks::centroids(q, codes, offs, cents, ql, pq, pd);
-  return maxsim_cuda::centroid_score(q, codes.contiguous(), offs.contiguous(), cents, contiguous(ql), contiguous(pq),
-                                     contiguous(pd));
+  return Fn(MakeTable(q, cents), codes.contiguous(), offs.contiguous(), contiguous(ql), contiguous(pq),
+            contiguous(pd));
 }
-#endif
 
 }  // namespace maxsim_checked
 
@@ -191,18 +185,19 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   MAXSIM_IMPL_BACKEND(ops, c10::DeviceType::CPU, maxsim_cpu)
   ops.impl("centroid_forward", c10::DeviceType::CPU, &maxsim_cpu::centroid_forward);
   ops.impl("centroid_score", c10::DeviceType::CPU,
-           &maxsim_checked::centroid_score_matmul<&maxsim_cpu::centroid_forward>);
+           &maxsim_checked::centroid_score<&maxsim_checked::matmul_table, &maxsim_cpu::centroid_forward>);
 #if defined(CUDA_KERNEL)
   MAXSIM_IMPL_BACKEND(ops, c10::DeviceType::CUDA, maxsim_cuda)
   ops.impl("centroid_forward", c10::DeviceType::CUDA, &maxsim_cuda::centroid_forward);
   ops.impl("centroid_table", c10::DeviceType::CUDA, &maxsim_cuda::centroid_table);
-  ops.impl("centroid_score", c10::DeviceType::CUDA, &maxsim_checked::centroid_score_cuda);
+  ops.impl("centroid_score", c10::DeviceType::CUDA,
+           &maxsim_checked::centroid_score<&maxsim_cuda::centroid_table, &maxsim_cuda::centroid_forward>);
 #endif
 #if defined(METAL_KERNEL)
   MAXSIM_IMPL_BACKEND(ops, c10::DeviceType::MPS, maxsim_metal)
   ops.impl("centroid_forward", c10::DeviceType::MPS, &maxsim_metal::centroid_forward);
   ops.impl("centroid_score", c10::DeviceType::MPS,
-           &maxsim_checked::centroid_score_matmul<&maxsim_metal::centroid_forward>);
+           &maxsim_checked::centroid_score<&maxsim_checked::matmul_table, &maxsim_metal::centroid_forward>);
 #endif
 }
 

@@ -91,13 +91,6 @@ namespace maxsim_cuda {
 // The centroid score's table in float32 accumulation whatever the matmul settings (CUDA only:
 // the CPU takes a float64 matmul under reduced precision settings, Metal has no TF32).
 at::Tensor centroid_table(const at::Tensor& queries, const at::Tensor& centroids);
-// The whole centroid score on checked arguments (codes, offsets and the optional index
-// tensors contiguous): the table, then the gather.
-at::Tensor centroid_score(const at::Tensor& queries, const at::Tensor& document_codes,
-                          const at::Tensor& document_offsets, const at::Tensor& centroids,
-                          const std::optional<at::Tensor>& query_lengths,
-                          const std::optional<at::Tensor>& pair_query_ids,
-                          const std::optional<at::Tensor>& pair_document_ids);
 }
 #endif
 #if defined(METAL_KERNEL)

@@ -256,9 +256,8 @@ def score_centroids(queries, document_codes, document_offsets, centroids, *, que
     """
     _tensor("queries", queries, "[Nq, Lq, D]")
     _tensor("centroids", centroids, "[n_centroids, D]")
-    for name, t in (("document_codes", document_codes), ("document_offsets", document_offsets)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor of int32 or int64, got {type(t).__name__}")
+    _tensor("document_codes", document_codes, "of int32 or int64")
+    _tensor("document_offsets", document_offsets, "of int32 or int64")
     for name, t in (("query_lengths", query_lengths), ("pair_query_ids", pair_query_ids),
                     ("pair_document_ids", pair_document_ids)):
         _index(name, t)
