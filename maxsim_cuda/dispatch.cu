@@ -55,14 +55,29 @@ cudaError_t backward_compressed(const BackwardParams& p) {
     default: return cudaErrorInvalidValue;
   }
 }
+// Residual documents decode into 16-bit tensor-core tiles (mainloop_mma.cuh) when the
+// producer can copy centroid rows as they are: 16-bit queries, centroids of the same dtype on
+// 16-byte rows, dim <= 256. Everything else decodes on the FFMA path.
+bool residual_on_tensor_cores(const ForwardParams& p) {
+  const int queries_dtype = p.dtype == DType::kF16 ? 1 : p.dtype == DType::kBF16 ? 2 : -1;
+  return queries_dtype == p.residual.centroids_dtype && p.dim <= 256 &&
+         (reinterpret_cast<uintptr_t>(p.residual.centroids) & 15) == 0;
+}
 }  // namespace
 
 cudaError_t launch_forward(const ForwardParams& p) {
   if (p.pairs <= 0) return cudaSuccess;
   if (p.doc_format == DocFormat::kResidual) {
-    if (p.dtype == DType::kF16) return kernel::launch_forward_residual<__half>(p);
-    if (p.dtype == DType::kBF16) return kernel::launch_forward_residual<__nv_bfloat16>(p);
-    return cudaErrorInvalidValue;  // ops.cpp refuses other query dtypes first
+    const bool tensor_cores = residual_on_tensor_cores(p);
+    switch (p.dtype) {
+      case DType::kF16:
+        return tensor_cores ? kernel::launch_forward_residual<__half>(p) : kernel::launch_forward_residual_simt<__half>(p);
+      case DType::kBF16:
+        return tensor_cores ? kernel::launch_forward_residual<__nv_bfloat16>(p)
+                            : kernel::launch_forward_residual_simt<__nv_bfloat16>(p);
+      case DType::kF32: return kernel::launch_forward_residual_simt<float>(p);
+      default: return cudaErrorInvalidValue;  // checks.h refuses float64 queries first
+    }
   }
   if (p.doc_format == DocFormat::kInt8) return forward_compressed<DocFormat::kInt8>(p);
   if (p.doc_format == DocFormat::kE4M3) return forward_compressed<DocFormat::kE4M3>(p);
@@ -80,7 +95,8 @@ cudaError_t launch_backward(const BackwardParams& p) {
   if (p.doc_format == DocFormat::kResidual) {
     if (p.dtype == DType::kF16) return kernel::launch_backward_residual<__half>(p);
     if (p.dtype == DType::kBF16) return kernel::launch_backward_residual<__nv_bfloat16>(p);
-    return cudaErrorInvalidValue;  // ops.cpp refuses other query dtypes first
+    if (p.dtype == DType::kF32) return kernel::launch_backward_residual<float>(p);
+    return cudaErrorInvalidValue;  // checks.h refuses float64 queries first
   }
   if (p.doc_format == DocFormat::kInt8) return backward_compressed<DocFormat::kInt8>(p);
   if (p.doc_format == DocFormat::kE4M3) return backward_compressed<DocFormat::kE4M3>(p);

@@ -20,8 +20,9 @@ enum class DType : int { kF16 = 0, kBF16 = 1, kF32 = 2, kF64 = 3 };
 // (value = v * scale; each similarity is scaled before the max). Compressed documents pair
 // with kF16 / kBF16 / kF32 queries and get no gradient.
 // kResidual: ColBERTv2 residuals (uint8 packed bucket ids, a centroid id per row, see
-// ResidualRef), decoded on chip into 16-bit tiles; float16 / bfloat16 queries with centroids of
-// the queries' dtype, dim <= 256.
+// ResidualRef), decoded on chip: into 16-bit tensor-core tiles for float16 / bfloat16 queries
+// with centroids of their dtype (16-byte aligned, dim <= 256), into the FFMA path's float32
+// chunks for every other query / centroid dtype pair and dim.
 enum class DocFormat : int { kNative = 0, kInt8 = 1, kE4M3 = 2, kResidual = 3 };
 
 // An index tensor (lengths, offsets, ids) of int32 or int64; `size` is its element count
@@ -39,7 +40,8 @@ struct IndexRef {
 struct ResidualRef {
   const void* codes = nullptr;  // [d_rows] int32 / int64
   int codes_is64 = 0;
-  const void* centroids = nullptr;  // [n_centroids, dim], the queries' dtype, 16-byte aligned
+  const void* centroids = nullptr;  // [n_centroids, dim], contiguous
+  int centroids_dtype = 0;          // 0 float32, 1 float16, 2 bfloat16
   int64_t n_centroids = 0;
   const void* weights = nullptr;  // bucket weights, 2**nbits of them, on the device
   int weights_dtype = 0;          // 0 float32, 1 float16, 2 bfloat16

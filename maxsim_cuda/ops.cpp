@@ -98,9 +98,9 @@ void check_no_document_gradient(const DocumentStorage& st, bool need_grad_docume
               "maxsim: compressed documents get no gradient (need_grad_documents must be false)");
 }
 
-// Residual documents' codec for the kernels (checks.h has run the user-facing checks): the
-// fused path takes float16 / bfloat16 queries, centroids of the queries' dtype on 16-byte
-// rows, and dim <= 256; other calls raise NotImplementedError naming what to change.
+// Residual documents' codec for the kernels (checks.h has run the user-facing checks). Every
+// query dtype and centroid dtype pairs up: dispatch.cu sends 16-bit queries with centroids of
+// their dtype on 16-byte rows (dim <= 256) to the tensor-core decode, the rest to the FFMA path.
 ResidualRef residual_ref(const at::Tensor& q, const at::Tensor& d, const DocumentStorage& st) {
   TORCH_CHECK(st.centroids.has_value() && st.bucket_weights.has_value(),
               "maxsim: residual documents need centroids and bucket weights");
@@ -109,18 +109,14 @@ ResidualRef residual_ref(const at::Tensor& q, const at::Tensor& d, const Documen
   const at::Tensor& codes = *st.codes;
   check_device(cents, q, "centroids");
   check_device(codes, q, "document_codes");
-  TORCH_CHECK_NOT_IMPLEMENTED(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
-                              "maxsim: residual documents on CUDA take float16 or bfloat16 queries so far "
-                              "(float32: score on the CPU, or cast the queries)");
-  TORCH_CHECK_NOT_IMPLEMENTED(cents.scalar_type() == q.scalar_type(),
-                              "maxsim: residual documents on CUDA need centroids of the queries' dtype "
-                              "(residual_codec.centroids.to(queries.dtype))");
+  TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kFloat,
+              "maxsim: residual documents pair with float16, bfloat16 or float32 queries");
   const int64_t dim = q.size(-1);
-  TORCH_CHECK_NOT_IMPLEMENTED(dim <= 256, "maxsim: residual documents on CUDA take dim <= 256 so far");
   TORCH_CHECK(cents.is_contiguous() && cents.dim() == 2 && cents.size(1) == dim,
               "maxsim: centroids must be contiguous [n_centroids, D]");
-  TORCH_CHECK_NOT_IMPLEMENTED(cents.numel() == 0 || (reinterpret_cast<uintptr_t>(cents.data_ptr()) & 15) == 0,
-                              "maxsim: residual centroids must start 16-byte aligned (a fresh tensor does)");
+  const auto cs = cents.scalar_type();
+  TORCH_CHECK(cs == at::kHalf || cs == at::kBFloat16 || cs == at::kFloat,
+              "maxsim: centroids must be float16, bfloat16 or float32");
   const at::Tensor& w = *st.bucket_weights;
   check_device(w, q, "bucket_weights");
   TORCH_CHECK(w.is_contiguous() && (w.scalar_type() == at::kFloat || w.scalar_type() == at::kHalf ||
@@ -139,6 +135,7 @@ ResidualRef residual_ref(const at::Tensor& q, const at::Tensor& d, const Documen
   r.codes = codes.numel() > 0 ? codes.data_ptr() : nullptr;
   r.codes_is64 = codes.scalar_type() == at::kLong;
   r.centroids = cents.numel() > 0 ? cents.data_ptr() : nullptr;
+  r.centroids_dtype = cs == at::kHalf ? 1 : cs == at::kBFloat16 ? 2 : 0;
   r.n_centroids = cents.numel() > 0 ? cents.size(0) : 0;
   r.weights = w.data_ptr();
   r.weights_dtype = w.scalar_type() == at::kHalf ? 1 : w.scalar_type() == at::kBFloat16 ? 2 : 0;

@@ -38,14 +38,6 @@ def residual_backends(device):
     return ms, dev
 
 
-def fused_on(dev, query_dtype, centroid_dtype=None):
-    """Whether dev scores this combination; the CUDA path takes 16-bit queries with centroids of
-    their dtype so far (other calls raise NotImplementedError: test_cuda_limits)."""
-    if dev.type != "cuda":
-        return True
-    return query_dtype != torch.float32 and centroid_dtype in (None, query_dtype)
-
-
 def make_codec(ms, rng, dim, nbits, *, n_centroids=37, dtype=torch.float16, normalize=True, device="cpu"):
     centroids = unit(rng, n_centroids, dim).to(dtype)
     weights = torch.sort(torch.randn(1 << nbits, generator=rng) * 0.05).values.to(dtype)
@@ -57,8 +49,6 @@ def encode(ms, case, rng, nbits, *, query_dtype=torch.float16, centroid_dtype=to
     """(run_case, storage kwargs, expect_case): `case` with random residual documents of its
     shape, queries of query_dtype, and the same case over the decoded tokens in float64."""
     dev = case.queries.device
-    if dev.type == "cuda":
-        centroid_dtype = query_dtype
     codec = make_codec(ms, rng, case.dim, nbits, n_centroids=n_centroids, dtype=centroid_dtype,
                        normalize=normalize, device=dev)
     tokens = case.documents.shape[:-1]
@@ -138,10 +128,10 @@ def test_codec_errors(cpu_kernel):
 @pytest.mark.parametrize("surface", SURFACES)
 def test_scores_and_argmax(device, surface, nbits, query_dtype, rng):
     ms, dev = residual_backends(device)
-    if not fused_on(dev, query_dtype):
-        pytest.skip("CUDA scores residual documents with 16-bit queries")
     case = make_case(surface, rng, n=4, Lq=11, Ld=70, D=32, device=dev)
-    run, storage, expect = encode(ms, case, rng, nbits, query_dtype=query_dtype)
+    # centroids of the queries' dtype: CUDA's tensor-core decode for 16-bit queries, its FFMA
+    # path for float32 (other pairs: test_dims_centroid_types_and_normalize)
+    run, storage, expect = encode(ms, case, rng, nbits, query_dtype=query_dtype, centroid_dtype=query_dtype)
     scores = call(ms, run, storage)
     both, argmax = call(ms, run, storage, "_with_argmax")
     assert torch.equal(scores, both)
@@ -157,14 +147,14 @@ def test_scores_and_argmax(device, surface, nbits, query_dtype, rng):
 
 @pytest.mark.parametrize("centroid_dtype", (torch.float32, torch.float16, torch.bfloat16), ids=str)
 @pytest.mark.parametrize("normalize", (True, False))
-@pytest.mark.parametrize("dim", (8, 64, 128, 256))
+@pytest.mark.parametrize("dim", (8, 64, 128, 256, 272, 528))
 def test_dims_centroid_types_and_normalize(device, dim, normalize, centroid_dtype, rng):
+    """Every query dtype against every centroid dtype, dims up to past the tensor-core decode's
+    256 (CUDA takes those, and every pair of unequal dtypes, on its FFMA path)."""
     ms, dev = residual_backends(device)
     nbits = 1 if dim == 8 else 2
     case = make_padded(rng, 3, 5, 33, 75, dim, device=dev)
     for query_dtype in QUERY_DTYPES:
-        if not fused_on(dev, query_dtype, centroid_dtype):
-            continue
         run, storage, expect = encode(ms, case, rng, nbits, query_dtype=query_dtype,
                                       centroid_dtype=centroid_dtype, normalize=normalize, n_centroids=300)
         scores, argmax = call(ms, run, storage, "_with_argmax")
@@ -212,8 +202,6 @@ def test_decoded_values_exact(device, nbits, query_dtype, weights, padded_lq, rn
 @pytest.mark.parametrize("surface", SURFACES)
 def test_query_gradient(device, surface, query_dtype, rng):
     ms, dev = residual_backends(device)
-    if not fused_on(dev, query_dtype):
-        pytest.skip("CUDA scores residual documents with 16-bit queries")
     case = make_case(surface, rng, n=4, Lq=9, Ld=50, D=64, device=dev)
     run, storage, expect = encode(ms, case, rng, 2, query_dtype=query_dtype)
     q = run.queries.detach().clone().requires_grad_()
@@ -252,15 +240,14 @@ def test_ties_resolve_exactly(device, surface, rng):
     run = dataclasses.replace(case, queries=q, documents=residuals)
     expect = dataclasses.replace(case, queries=q, documents=decoded.to(dev))
     for query_dtype in QUERY_DTYPES:
-        if not fused_on(dev, query_dtype):
-            continue
-        c = codec if dev.type == "cpu" else ms.ResidualCodec(codec.centroids.to(query_dtype), codec.bucket_weights, 2,
-                                                             normalize=False)
-        storage = {"document_codes": codes, "residual_codec": c}
-        r = dataclasses.replace(run, queries=q.to(query_dtype))
-        scores, argmax = call(ms, r, storage, "_with_argmax")
-        assert_scores(scores, expect, input_dtype=query_dtype, exact=True)
-        assert_argmax(argmax, expect, exact=True)
+        # float32 centroids, and centroids of the queries' dtype (CUDA: the FFMA path and, for
+        # 16-bit queries, the tensor-core decode): the lattice is exact in every dtype
+        for c in (codec, ms.ResidualCodec(codec.centroids.to(query_dtype), codec.bucket_weights, 2, normalize=False)):
+            storage = {"document_codes": codes, "residual_codec": c}
+            r = dataclasses.replace(run, queries=q.to(query_dtype))
+            scores, argmax = call(ms, r, storage, "_with_argmax")
+            assert_scores(scores, expect, input_dtype=query_dtype, exact=True)
+            assert_argmax(argmax, expect, exact=True)
 
 
 def test_empty_and_degenerate(device, rng):
@@ -342,19 +329,60 @@ def test_errors(cpu_kernel, rng):
         ms.score_candidates_padded_train(*args, document_codes=codes, residual_codec=frozen)
 
 
-def test_cuda_limits(device, rng):
-    """What the CUDA path does not take yet raises NotImplementedError saying what to change."""
+def _cuda_kernel_names(fn):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out = fn()
+        torch.cuda.synchronize()
+    return out, " ".join(e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_cuda_ffma_route(device, surface, rng):
+    """CUDA's two decodes on the same tokens: 16-bit queries with centroids of their dtype on
+    16-byte rows take the tensor-core decode; the same centroids one element off 16 bytes, and
+    float32 queries, the FFMA path (the profiler names the mainloop, so a route that silently
+    changed fails here). Both within float32 accumulation of the float64 reference, the same
+    argmax, and gradients through both."""
     ms, dev = device
     if dev.type != "cuda":
         pytest.skip("CUDA only")
+    case = make_case(surface, rng, n=4, Lq=9, Ld=70, D=64, device=dev)
+    run, storage, expect = encode(ms, case, rng, 2, query_dtype=torch.float16, centroid_dtype=torch.float16)
+    codec = storage["residual_codec"]
+    cents = codec.centroids
+    shifted = torch.empty(cents.numel() + 1, dtype=cents.dtype, device=dev)[1:].view_as(cents)
+    shifted.copy_(cents)
+    assert shifted.data_ptr() % 16 != 0
+    unaligned = dict(storage, residual_codec=ms.ResidualCodec(shifted, codec.bucket_weights, 2))
+    (fast, fast_argmax), names = _cuda_kernel_names(lambda: call(ms, run, storage, "_with_argmax"))
+    assert "MmaMainloop" in names and "SimtMainloop" not in names, names
+    (ffma, ffma_argmax), names = _cuda_kernel_names(lambda: call(ms, run, unaligned, "_with_argmax"))
+    assert "SimtMainloop" in names and "MmaMainloop" not in names, names
+    for scores, argmax in ((fast, fast_argmax), (ffma, ffma_argmax)):
+        assert_scores(scores, expect, input_dtype=torch.float16)
+        assert_argmax(argmax, expect)
+    f32 = dataclasses.replace(run, queries=run.queries.float())
+    _, names = _cuda_kernel_names(lambda: call(ms, f32, storage))
+    assert "SimtMainloop" in names, names
+    g = unit(rng, *case.score_shape).to(dev)
+    for st, argmax in ((storage, fast_argmax), (unaligned, ffma_argmax)):
+        q = run.queries.detach().clone().requires_grad_()
+        scores = call(ms, dataclasses.replace(run, queries=q), st, "_train")
+        scores.backward(g.to(scores.dtype))
+        eq, _, bq, _ = expected_grads(expect, g, argmax)
+        assert_grads(q.grad, eq, bq, torch.float16)
+
+
+def test_empty_centroids_with_tokens(device, rng):
+    """A codec without centroids cannot decode a token: a named error on every backend (the
+    kernels would have no centroid 0 to read for a bad code)."""
+    ms, dev = residual_backends(device)
     case = make_padded(rng, 2, 3, 4, 8, 32, device=dev)
     run, storage, _ = encode(ms, case, rng, 2)
-    with pytest.raises(NotImplementedError, match="float16 or bfloat16 queries"):
-        call(ms, dataclasses.replace(run, queries=run.queries.float()), storage)
     codec = storage["residual_codec"]
-    f32 = ms.ResidualCodec(codec.centroids.float(), codec.bucket_weights, 2)
-    with pytest.raises(NotImplementedError, match="centroids of the queries' dtype"):
-        call(ms, run, dict(storage, residual_codec=f32))
+    empty = ms.ResidualCodec(codec.centroids[:0], codec.bucket_weights, 2)
+    with pytest.raises(ValueError, match="residual_codec.centroids has no rows"):
+        call(ms, run, dict(storage, residual_codec=empty))
 
 
 def test_cuda_graph_capture(device, rng):

@@ -142,6 +142,8 @@ inline int64_t residual_documents(const Tensor& t, int64_t ndim, const char* wha
                                                        "), got " + std::to_string(t.size(-1)));
   const auto ks = codes.scalar_type();
   TORCH_CHECK_TYPE(ks == at::kInt || ks == at::kLong, "document_codes must be int32 or int64, got " + dtype_str(ks));
+  TORCH_CHECK_VALUE(cents.size(0) > 0 || codes.numel() == 0,
+                    "residual_codec.centroids has no rows, but there are document tokens to decode");
   const auto want = t.sizes().slice(0, t.dim() - 1);
   TORCH_CHECK_VALUE(codes.sizes() == want, "document_codes must have shape " + shape_str(want) +
                                                " (one code per token), got " + shape_str(codes.sizes()));

@@ -64,7 +64,13 @@ cudaError_t run_backward(const BackwardParams& p) {
     const int64_t rows = SURF == 2 ? a.nq * a.W : a.nq * a.Lq;
     if (rows > 0) {
       const int64_t blocks = (rows + kQWarps - 1) / kQWarps;
-      grad_queries_kernel<SURF, T, Acc, F><<<static_cast<unsigned>(blocks), kQWarps * 32, 0, p.stream>>>(a, rows);
+      const unsigned grid = static_cast<unsigned>(blocks);
+      bool rows_of_t = false;
+      if constexpr (F == DocFormat::kResidual && sizeof(T) == 2) rows_of_t = residual_rows_of<T>(a.res);
+      if constexpr (F == DocFormat::kResidual && sizeof(T) == 2) {
+        if (rows_of_t) grad_queries_kernel<SURF, T, Acc, F, true><<<grid, kQWarps * 32, 0, p.stream>>>(a, rows);
+      }
+      if (!rows_of_t) grad_queries_kernel<SURF, T, Acc, F><<<grid, kQWarps * 32, 0, p.stream>>>(a, rows);
       cudaError_t err = cudaGetLastError();
       if (err != cudaSuccess) return err;
     }
@@ -164,7 +170,7 @@ cudaError_t launch_backward_compressed(const BackwardParams& p) {
   }
 }
 
-// Residual documents: grad_queries with each winning row decoded on the fly (16-bit queries).
+// Residual documents: grad_queries with each winning row decoded on the fly (any query dtype).
 template <class T>
 cudaError_t launch_backward_residual(const BackwardParams& p) {
   return launch_backward_compressed<T, DocFormat::kResidual>(p);

@@ -26,40 +26,60 @@ __device__ __forceinline__ bool residual_code_of(const BwdArgs<T, Acc>& a, int64
   return code >= 0 && code < a.res.n_centroids;
 }
 
-// Elements [e, e + 8) of decoded row `row` (code valid, e a multiple of 8, e < dim).
-template <class T, class Acc>
-__device__ __forceinline__ uint4 residual_chunk(const BwdArgs<T, Acc>& a, int64_t row, int64_t code, int64_t e) {
-  uint4 v = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(a.res.centroids) + code * a.dim + e));
+// Elements [e, e + 8) of decoded row `row` (code valid, e a multiple of 8, e < dim) into
+// out[0, 8): round_T(centroid + weight), the float32 sum rounded once (for float32 queries no
+// rounding). kRowsOfT: the centroids are 16-bit rows of T on 16-byte boundaries (one vector
+// load a chunk, as the forward's tensor-core decode copies them); else any dtype, any address.
+template <bool kRowsOfT, class T, class Acc>
+__device__ __forceinline__ void residual_chunk(const BwdArgs<T, Acc>& a, int64_t row, int64_t code, int64_t e,
+                                               T* out) {
   const int nbits = a.res.nbits;
   const uint8_t* src = a.d_bytes + row * (a.dim * nbits / 8) + e * nbits / 8;
   uint32_t bits = 0;
   for (int b = 0; b < nbits; ++b) bits |= uint32_t(__ldg(src + b)) << (24 - 8 * b);
-  T* el = reinterpret_cast<T*>(&v);
+  if constexpr (kRowsOfT) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(a.res.centroids) + code * a.dim + e));
+    const T* el = reinterpret_cast<const T*>(&v);
 #pragma unroll
-  for (int j = 0; j < 8; ++j)
-    el[j] = float_to_half<T>(half_to_float(el[j]) + residual_weight(a.res, residual_bucket(bits, j, nbits)));
-  return v;
+    for (int j = 0; j < 8; ++j)
+      out[j] = float_to_half<T>(half_to_float(el[j]) + residual_weight(a.res, residual_bucket(bits, j, nbits)));
+  } else {
+    float c[8];
+    residual_centroid8(a.res, code * a.dim + e, c);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) out[j] = from_acc<T, float>(c[j] + residual_weight(a.res, residual_bucket(bits, j, nbits)));
+  }
+}
+
+// Host: whether the centroids are rows of T on 16-byte boundaries (residual_chunk<true>).
+template <class T>
+inline bool residual_rows_of(const ResidualRef& r) {
+  const int t = std::is_same_v<T, __half> ? 1 : std::is_same_v<T, __nv_bfloat16> ? 2 : -1;
+  return r.centroids_dtype == t && (reinterpret_cast<uintptr_t>(r.centroids) & 15) == 0;
 }
 
 // 1 / max(||row||, 1e-12) of the decoded row (1 without normalising; NaN for a bad code).
-template <class T, class Acc>
+template <bool kRowsOfT, class T, class Acc>
 __device__ __forceinline__ float residual_factor(const BwdArgs<T, Acc>& a, int64_t row) {
   int64_t code;
   if (!residual_code_of(a, row, code)) return __int_as_float(0x7fc00000);
   if (!a.res.normalize) return 1.f;
   float ss = 0.f;
   for (int64_t e = 0; e < a.dim; e += 8) {
-    const uint4 v = residual_chunk(a, row, code, e);
-    const T* el = reinterpret_cast<const T*>(&v);
+    T el[8];
+    residual_chunk<kRowsOfT>(a, row, code, e, el);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) ss = fmaf(half_to_float(el[j]), half_to_float(el[j]), ss);
+    for (int j = 0; j < 8; ++j) {
+      const float v = to_acc<float>(el[j]);
+      ss = fmaf(v, v, ss);
+    }
   }
   return 1.f / fmaxf(sqrtf(ss), 1e-12f);
 }
 
 // For query row (query `qq`, row i) and its k-th pair: weight and the document row to
 // gather (-1 when the entry contributes nothing).
-template <int SURF, class T, class Acc, DocFormat F = DocFormat::kNative>
+template <int SURF, class T, class Acc, DocFormat F = DocFormat::kNative, bool kRowsOfT = false>
 struct QuerySide {
   const BwdArgs<T, Acc>& a;
   int64_t qq, i;
@@ -105,7 +125,7 @@ struct QuerySide {
     if constexpr (is_compressed<F>()) {
       w = ok ? gw * Acc(__ldg(a.d_scales + row)) : Acc(0);
     } else if constexpr (F == DocFormat::kResidual) {
-      w = ok ? gw * Acc(residual_factor(a, row)) : Acc(0);
+      w = ok ? gw * Acc(residual_factor<kRowsOfT>(a, row)) : Acc(0);
     } else {
       w = ok ? gw : Acc(0);
     }
@@ -126,14 +146,16 @@ constexpr int kQPass = kQLanes * kQCols;  // columns per pass over the pairs
 // gathers wait on L2 latency; with 4, the second group's loads waited for the first group's
 // adds: BigColBERT grad_queries 0.377 -> 0.350 ms on an H100); before sm_90 4, as 8 spills
 // 4-8 bytes there. Wider rows fewer (32 registers); byte and residual rows 4 (their widening
-// or decoding needs the registers: 8 spilled 4-120 bytes).
-template <class DocT, DocFormat F>
+// or decoding needs the registers: 8 spilled 4-120 bytes); residual rows decoded from centroids
+// of any dtype and address 2 (their float32 staging: 4 spilled 4-116 bytes at sm_80 / sm_90a).
+template <class DocT, DocFormat F, bool kRowsOfT>
 __device__ constexpr int q_group() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int kNative16 = 8;
 #else
   constexpr int kNative16 = 4;
 #endif
+  if constexpr (F == DocFormat::kResidual) return kRowsOfT ? 4 : 2;
   return F != DocFormat::kNative ? 4 : (sizeof(DocT) <= 2 ? kNative16 : (sizeof(DocT) == 4 ? 2 : 1));
 }
 
@@ -187,25 +209,32 @@ struct RowBytes {
   }
 };
 
-// kQCols decoded values of a residual row (16-bit T; kQCols a multiple of 8, dim too): the
-// 16-bit slice, loaded by decoding instead of copying.
-template <class T>
+// kQCols decoded values of a residual row (kQCols a multiple of 8, dim too): the slice of T,
+// loaded by decoding instead of copying.
+template <class T, bool kRowsOfT>
 struct RowResidual : RowSlice<T> {
   template <class Acc>
   __device__ __forceinline__ void load(const BwdArgs<T, Acc>& a, int64_t row, int64_t e) {
     int64_t code;
     const bool ok = residual_code_of(a, row, code);
+    T* el = reinterpret_cast<T*>(this->v);
 #pragma unroll
-    for (int k = 0; k < RowSlice<T>::kVecs; ++k) {
+    for (int k = 0; k < kQCols / 8; ++k) {
       const int64_t ek = e + k * 8;
-      this->v[k] = ok && ek < a.dim ? residual_chunk(a, row, code, ek) : make_uint4(0u, 0u, 0u, 0u);
+      if (ok && ek < a.dim) {
+        residual_chunk<kRowsOfT>(a, row, code, ek, el + 8 * k);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) el[8 * k + j] = T{};
+      }
     }
   }
 };
 
-template <int SURF, class T, class Acc, DocFormat F = DocFormat::kNative>
+// kRowsOfT: residual documents only, see residual_chunk.
+template <int SURF, class T, class Acc, DocFormat F = DocFormat::kNative, bool kRowsOfT = false>
 __global__ void __launch_bounds__(kQWarps * 32, 4) grad_queries_kernel(const BwdArgs<T, Acc> a, int64_t rows) {
-  using Row = std::conditional_t<F == DocFormat::kResidual, RowResidual<T>,
+  using Row = std::conditional_t<F == DocFormat::kResidual, RowResidual<T, kRowsOfT>,
                                  std::conditional_t<is_compressed<F>(), RowBytes<F>, RowSlice<T>>>;
   using DocT = DocElem<T, F>;
   const int lane = threadIdx.x % 32;
@@ -239,7 +268,7 @@ __global__ void __launch_bounds__(kQWarps * 32, 4) grad_queries_kernel(const Bwd
     }
   }
   const bool live = i < qlen;
-  const QuerySide<SURF, T, Acc, F> src{a, qq, i, k0};
+  const QuerySide<SURF, T, Acc, F, kRowsOfT> src{a, qq, i, k0};
   T* out = a.grad_q + out_row * a.dim;
   const int slot = lane / kQLanes, cgroup = lane % kQLanes;
   const DocT* docs;
@@ -265,7 +294,7 @@ __global__ void __launch_bounds__(kQWarps * 32, 4) grad_queries_kernel(const Bwd
       int64_t next_row = -1;
       if (base + 32 + lane < npairs) src.get(base + 32 + lane, next_w, next_row);
       const int n = npairs - base < 32 ? static_cast<int>(npairs - base) : 32;
-      constexpr int kQGroup = q_group<DocT, F>();
+      constexpr int kQGroup = q_group<DocT, F, kRowsOfT>();
       for (int g0 = 0; g0 < 32 / kQSlots; g0 += kQGroup) {
         Row x[kQGroup];
 #pragma unroll

@@ -112,6 +112,47 @@ __device__ __forceinline__ float residual_weight(const ResidualRef& r, uint32_t 
                                 : __ldg(static_cast<const float*>(r.weights) + bucket);
 }
 
+// One centroid element as float32, whatever dtype the codec keeps the centroids in (the FFMA
+// path and the backward; the tensor-core path copies rows of the queries' dtype instead).
+__device__ __forceinline__ float residual_centroid(const ResidualRef& r, int64_t at) {
+  return r.centroids_dtype == 1   ? __half2float(__ldg(static_cast<const __half*>(r.centroids) + at))
+         : r.centroids_dtype == 2 ? __bfloat162float(__ldg(static_cast<const __nv_bfloat16*>(r.centroids) + at))
+                                  : __ldg(static_cast<const float*>(r.centroids) + at);
+}
+
+// Elements [at, at + 8) of the centroids as float32: 16-byte loads where the address allows
+// (a view of a larger tensor may start anywhere), else element by element.
+__device__ __forceinline__ void residual_centroid8(const ResidualRef& r, int64_t at, float (&c)[8]) {
+  const bool wide = r.centroids_dtype == 0;
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(r.centroids) + uintptr_t(at) * (wide ? 4u : 2u);
+  if ((addr & 15u) != 0) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) c[j] = residual_centroid(r, at + j);
+  } else if (wide) {
+    const float4 x = __ldg(reinterpret_cast<const float4*>(addr)), y = __ldg(reinterpret_cast<const float4*>(addr) + 1);
+    c[0] = x.x, c[1] = x.y, c[2] = x.z, c[3] = x.w, c[4] = y.x, c[5] = y.y, c[6] = y.z, c[7] = y.w;
+  } else {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(addr));
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = r.centroids_dtype == 1 ? __half22float2(*reinterpret_cast<const __half2*>(&w[j]))
+                                              : __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[j]));
+      c[2 * j] = f.x, c[2 * j + 1] = f.y;
+    }
+  }
+}
+
+// Bucket id of dimension k of a token whose packed ids start at `ids` (the codec's order: a
+// byte holds 8 / nbits fields from its top bit down, each id lowest bit first). nbits divides
+// 8, so a field never straddles two bytes.
+__device__ __forceinline__ uint32_t residual_bucket_at(const uint8_t* ids, int64_t k, int nbits) {
+  const int64_t bit = k * nbits;
+  const uint32_t byte = __ldg(ids + (bit >> 3));
+  const uint32_t field = (byte >> (8 - nbits - int(bit & 7))) & ((1u << nbits) - 1u);
+  return __brev(field) >> (32 - nbits);
+}
+
 // The forward kernels decode two dimensions at a time: the 2 * nbits bits of a pair of
 // consecutive dimensions, as they lie in the stream, index a table of 2**(2 * nbits) weight
 // pairs (first dimension in the low half), built once per CTA by residual_pair_weights. The

@@ -461,13 +461,24 @@ cudaError_t launch_residual_surface(const ForwardParams& p) {
 // Explicitly instantiated per query dtype in forward_<dtype>_residual.cu.
 template <class T>
 cudaError_t launch_forward_residual(const ForwardParams& p) {
-  if (p.dim > 256) return cudaErrorInvalidValue;  // ops.cpp refuses these first
+  if (p.dim > 256) return cudaErrorInvalidValue;  // dispatch.cu sends these to the FFMA path
   switch (p.surface) {
     case Surface::kPadded: return launch_residual_surface<T, 0>(p);
     case Surface::kContrastive: return launch_residual_surface<T, 1>(p);
     case Surface::kContrastivePadded: return launch_residual_surface<T, 3>(p);
     default: return launch_residual_surface<T, 2>(p);
   }
+}
+
+// Residual documents on the FFMA path (SimtMainloop's decode): float32 queries, and 16-bit
+// queries where the tensor-core decode does not apply (centroids of another dtype or not on
+// 16-byte rows, dim > 256). Explicitly instantiated in forward_residual_simt.cu.
+template <class T>
+cudaError_t launch_forward_residual_simt(const ForwardParams& p) {
+  const int bm = pick_bm(p);
+  if (bm == 32) return run_any_surface<SimtMainloop<T, float, 32, DocFormat::kResidual>>(p);
+  if (bm == 64) return run_any_surface<SimtMainloop<T, float, 64, DocFormat::kResidual>>(p);
+  return run_any_surface<SimtMainloop<T, float, 128, DocFormat::kResidual>>(p);
 }
 
 // Explicitly instantiated per (query dtype, format) in forward_<dtype>_<format>.cu.

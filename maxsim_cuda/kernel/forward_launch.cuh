@@ -18,6 +18,8 @@ template <class T, DocFormat F>
 cudaError_t launch_forward_compressed(const ForwardParams& p);
 template <class T>
 cudaError_t launch_forward_residual(const ForwardParams& p);
+template <class T>
+cudaError_t launch_forward_residual_simt(const ForwardParams& p);
 template <class T, class Acc>
 cudaError_t launch_backward_typed(const BackwardParams& p);
 template <class T, DocFormat F>

@@ -1,7 +1,7 @@
-// SimtMainloop (float32 / float64 queries, float or compressed documents): the same tile
-// stream and epilogue as the tensor-core mainloops, FFMA on [BM x KC] x [KC x BN]
-// shared-memory chunks, accumulation in Acc (float, or double for double inputs):
-// float32-accurate scores. Torch-free.
+// SimtMainloop (float32 / float64 queries, float or compressed documents; residual documents
+// for any query dtype): the same tile stream and epilogue as the tensor-core mainloops, FFMA
+// on [BM x KC] x [KC x BN] shared-memory chunks, accumulation in Acc (float, or double for
+// double inputs): float32-accurate scores. Torch-free.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +46,13 @@ __device__ __forceinline__ void load_run(const A* p, A* out) {
 // documents (F) are widened to their exact float values as they enter shared memory, and
 // each similarity is multiplied by its row's scale before it meets the max.
 //
+// Residual documents (F = kResidual) take this path wherever the tensor-core decode does not
+// apply: float32 queries, centroids of another dtype than the queries', dim > 256. A tile
+// starts with a pass over its rows (two threads a row) that reads each code once and sums the
+// squares of the decoded row into its factor, 1 / max(||t||, 1e-12) (NaN for a code out of
+// range, which then reads centroid 0); the K chunks then decode element by element on the way
+// into shared memory, t = round_T(centroid + weight), summed in float32 as the contract says.
+//
 // Per k step a thread reads its TM query values and its 8 document values as 16-byte runs
 // (two runs of four columns, tx * 4 and 64 + tx * 4, so that eight lanes' runs tile 128
 // contiguous bytes: no bank conflict) for 8 * TM FMAs. The next K chunk's global loads are
@@ -57,6 +64,7 @@ struct SimtMainloop {
   using DocT = DocElem<T, F>;
   using Acc = Acc_;
   static constexpr bool kPipelined = false;
+  static constexpr bool kResidual = F == DocFormat::kResidual;
   static constexpr int BM = BM_, BN = 128, kStages = 1;
   static constexpr int kThreads = 256, kMinBlocks = 1;
   static constexpr int TM = BM / 16, TN = 8;
@@ -68,12 +76,21 @@ struct SimtMainloop {
 
   static constexpr size_t kBuffer = size_t(KC) * (QP + DP);  // one chunk: [KC][QP] then [KC][DP]
 
-  static constexpr size_t smem_bytes() { return 2 * kBuffer * sizeof(Acc) + size_t(BM) * sizeof(int); }
+  // residual: after qvalid, the tile's codes and row factors, then the 16 bucket weights
+  static constexpr size_t kResidualBytes = kResidual ? size_t(BN) * 8 + 16 * 4 : 0;
+  static constexpr size_t smem_bytes() {
+    return 2 * kBuffer * sizeof(Acc) + size_t(BM) * sizeof(int) + kResidualBytes;
+  }
 
   Acc* buf;      // two chunk buffers
   int* qvalid;   // [BM]
   const T* qbase;  // queries + global row of block row 0 of this chunk * dim
   const float* doc_scales;  // compressed: one per document row
+  int* row_code;            // residual: [BN] the tile's codes (0 where out of range)
+  float* row_factor;        // residual: [BN] 1 / ||t|| (1 without normalising; NaN: bad code)
+  float* weight;            // residual: [2**nbits] bucket weights as float32
+  ResidualRef res;          // residual: the codec
+  int64_t res_bytes;        // residual: packed bytes per row (dim * nbits / 8)
   int64_t dim;
   int tx, ty;
   Acc m[TM];
@@ -84,9 +101,55 @@ struct SimtMainloop {
     doc_scales = scales;
     buf = reinterpret_cast<Acc*>(smem);
     qvalid = reinterpret_cast<int*>(buf + 2 * kBuffer);
+    row_code = qvalid + BM;
+    row_factor = reinterpret_cast<float*>(row_code + BN);
+    weight = row_factor + BN;
     dim = dim_;
     tx = threadIdx.x % 16;
     ty = threadIdx.x / 16;
+  }
+
+  // Residual documents: the codec, and its bucket weights into shared memory (read after the
+  // first tile's barrier).
+  __device__ __forceinline__ void bind_residual(const ResidualRef& r, const void*) {
+    res = r;
+    res_bytes = dim * r.nbits / 8;
+    for (int b = threadIdx.x; b < (1 << r.nbits); b += kThreads) weight[b] = residual_weight(r, uint32_t(b));
+  }
+
+  // Dimension k of the tile's local row r (global row `row`), as the products take it.
+  __device__ __forceinline__ Acc residual_value(int64_t code, const uint8_t* ids, int64_t k) const {
+    const float t = residual_centroid(res, code * dim + k) + weight[residual_bucket_at(ids, k, res.nbits)];
+    return to_acc<Acc>(from_acc<T, float>(t));  // rounded once to T (no-op for float32)
+  }
+
+  // The tile's codes and row factors (rows [0, cols_valid) of the tile at row0): thread pair
+  // (2r, 2r + 1) takes row r, the even dimensions and the odd ones, summed in a fixed order.
+  __device__ __forceinline__ void prepare_residual_rows(const uint8_t* docs, int64_t row0, int cols_valid) {
+    static_assert(kThreads == 2 * BN, "two threads a row");
+    const int r = threadIdx.x / 2, half = threadIdx.x % 2;
+    int64_t code = 0;
+    bool ok = false;
+    if (r < cols_valid) {
+      code = res.codes_is64 ? int64_t(__ldg(static_cast<const long long*>(res.codes) + row0 + r))
+                            : int64_t(__ldg(static_cast<const int*>(res.codes) + row0 + r));
+      ok = code >= 0 && code < res.n_centroids;
+      code = ok ? code : 0;
+    }
+    float ss = 0.f;
+    if (ok && res.normalize) {
+      const uint8_t* ids = docs + (row0 + r) * res_bytes;
+      for (int64_t k = half; k < dim; k += 2) {
+        const float v = static_cast<float>(residual_value(code, ids, k));
+        ss = fmaf(v, v, ss);
+      }
+    }
+    ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+    if (half == 0) {
+      row_code[r] = static_cast<int>(code);
+      row_factor[r] = !ok ? (r < cols_valid ? __int_as_float(0x7fc00000) : 0.f)
+                          : (res.normalize ? 1.f / fmaxf(sqrtf(ss), 1e-12f) : 1.f);
+    }
   }
 
   __device__ __forceinline__ void load_tile(int, const DocT*, int64_t, int) const {}
@@ -132,10 +195,20 @@ struct SimtMainloop {
     const T* q = qbase + int64_t(r0) * dim + k;  // dereferenced only at valid rows and k
 #pragma unroll
     for (int i = 0; i < QL; ++i) qv[i] = (qvalid[r0 + i * kRowStep] && k_in) ? to_acc<Acc>(q[i * step]) : Acc(0);
-    const int64_t d0 = (row0 + r0) * dim + k;
+    if constexpr (kResidual) {
+      const uint8_t* ids = docs + (row0 + r0) * res_bytes;
+      const int64_t id_step = int64_t(kRowStep) * res_bytes;
 #pragma unroll
-    for (int i = 0; i < DL; ++i) {
-      dv[i] = (r0 + i * kRowStep < cols_valid && k_in) ? doc_value(docs, d0 + i * step) : Acc(0);
+      for (int i = 0; i < DL; ++i) {
+        const int r = r0 + i * kRowStep;
+        dv[i] = (r < cols_valid && k_in) ? residual_value(row_code[r], ids + i * id_step, k) : Acc(0);
+      }
+    } else {
+      const int64_t d0 = (row0 + r0) * dim + k;
+#pragma unroll
+      for (int i = 0; i < DL; ++i) {
+        dv[i] = (r0 + i * kRowStep < cols_valid && k_in) ? doc_value(docs, d0 + i * step) : Acc(0);
+      }
     }
   }
 
@@ -163,6 +236,10 @@ struct SimtMainloop {
 
     Acc qv[QL], dv[DL];
     __syncthreads();  // the previous tile's buffers consumed (and qvalid written)
+    if constexpr (kResidual) {
+      prepare_residual_rows(docs, row0, cols_valid);
+      __syncthreads();
+    }
     fetch(qv, dv, docs, row0, cols_valid, 0);
     stash(0, qv, dv);
     __syncthreads();
@@ -193,6 +270,8 @@ struct SimtMainloop {
       const int col = col_of(c);
       if constexpr (is_compressed<F>()) {
         scale[c] = (doc_scales != nullptr && col < cols_valid) ? Acc(__ldg(doc_scales + row0 + col)) : Acc(0);
+      } else if constexpr (kResidual) {
+        scale[c] = col < cols_valid ? Acc(row_factor[col]) : Acc(0);
       } else {
         scale[c] = Acc(1);
       }
@@ -202,7 +281,7 @@ struct SimtMainloop {
 #pragma unroll
       for (int c = 0; c < TN; ++c) {
         const int col = col_of(c);
-        const Acc s = is_compressed<F>() ? acc[r][c] * scale[c] : acc[r][c];
+        const Acc s = (is_compressed<F>() || kResidual) ? acc[r][c] * scale[c] : acc[r][c];
         const Acc v = col < cols_valid ? s : neg_inf<Acc>();
         running_update(m[r], idx[r], v, col_base + col);
       }

@@ -87,6 +87,20 @@ def main():
                 row["decompress_then_score_ms"] = graph_time_ms(lambda: ms.score_candidates_padded(
                     q, torch_decompress(codes, res, codec, torch.float16, table), ql, dl))
                 row["fp16_GBytes"] = dense.numel() * 2 / 1e9
+                # the FFMA route (SimtMainloop's decode): float32 queries against float16 centroids
+                # (PyLate embeddings against a colbert-ai GPU index), float16 queries against
+                # float32 centroids; beside them float32 decompress-then-score
+                qf32 = q.float()
+                row["residual2_f32_queries_ms"] = graph_time_ms(lambda: ms.score_candidates_padded(
+                    qf32, res, ql, dl, document_codes=codes, residual_codec=codec))
+                codec32 = ms.ResidualCodec(centroids.float(), weights, nbits)
+                row["residual2_f32_centroids_ms"] = graph_time_ms(lambda: ms.score_candidates_padded(
+                    q, res, ql, dl, document_codes=codes, residual_codec=codec32))
+                row["decompress_then_score_f32_ms"] = graph_time_ms(lambda: ms.score_candidates_padded(
+                    qf32, torch_decompress(codes, res, codec, torch.float32, table), ql, dl))
+                a32 = ms.score_candidates_padded(qf32, res, ql, dl, document_codes=codes, residual_codec=codec)
+                b32 = ms.score_candidates_padded(qf32, ms.decompress_residuals(codes, res, codec, torch.float32), ql, dl)
+                row["f32_queries_max_abs_diff_vs_f32_dense"] = float((a32 - b32).abs().max())
                 # correctness spot check against the float16 documents (rounding of t only)
                 a = ms.score_candidates_padded(q, res, ql, dl, document_codes=codes, residual_codec=codec)
                 b = ms.score_candidates_padded(q, dense, ql, dl)
