@@ -182,14 +182,16 @@ int rerank_variant() {
 // float32 products. Only well-formed float32 calls are rounded; anything else goes on to the
 // checks and their errors unchanged. Gradients never use the copies: the backward gathers the
 // float32 rows that the forward's argmax names, so they are float32 exact under every setting.
+// Compressed and residual documents keep their bytes; only the queries are rounded (residual
+// tokens then round to the copy's dtype, as the contract has them round to the products' type).
 class Float32Rounding {
  public:
   Float32Rounding(const at::Tensor& q, const at::Tensor& d, const DocumentStorage& st) {
-    if (q.scalar_type() != at::kFloat || !q.is_cuda() || st.residual()) return;
+    if (q.scalar_type() != at::kFloat || !q.is_cuda()) return;
     const auto precision = at::globalContext().float32MatmulPrecision();
     if (precision == at::Float32MatmulPrecision::HIGHEST) return;
     const bool float_documents = d.scalar_type() == at::kFloat;
-    if (!float_documents && doc_format_of(d) == DocFormat::kNative) return;
+    if (!float_documents && !st.residual() && doc_format_of(d) == DocFormat::kNative) return;
     if (d.device() != q.device() || !q.is_contiguous() || !d.is_contiguous()) return;
     r_.to_bf16 = precision == at::Float32MatmulPrecision::MEDIUM;
     const auto rounded = q.options().dtype(r_.to_bf16 ? at::kBFloat16 : at::kHalf);

@@ -703,3 +703,17 @@ def poison_allocator(device, nbytes=1 << 22):
     for size in (nbytes, nbytes // 16, 4096, 256):
         t = torch.full((max(size // 4, 1),), float("nan"), device=device)
         del t
+
+
+def rounded_as_the_kernels_see_it(x, precision):
+    """(copy, k): what "medium" / "high" score instead of float32 x. "medium": the bfloat16
+    rounding, k = 0. "high": the float16 rounding of x * 2^k, k = 14 when x's largest finite
+    magnitude lies in [2^-9, 2), else the k that brings it into [2^14, 2^15) (round_inputs.cu),
+    written here from the rule, not from the kernel."""
+    if precision == "medium":
+        return x.bfloat16(), 0
+    finite = x[x.isfinite()].abs()
+    amax = float(finite.max()) if finite.numel() else 0.0
+    e = math.frexp(amax)[1] - 1 if amax > 0 else 0
+    k = 14 if amax == 0 or -9 <= e <= 0 else 14 - e
+    return (x.double() * 2.0 ** k).half(), k

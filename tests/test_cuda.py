@@ -16,7 +16,8 @@ import torch
 from conftest import (
     BACKENDS, REF, REPO_ROOT, Contrastive, ContrastivePadded, Padded, SURFACES,
     as_padded_documents, assert_grads, assert_scores, expected_grads, ids,
-    load_kernel, make_case, make_contrastive, make_packed, make_padded, run_train, unit,
+    load_kernel, make_case, make_contrastive, make_packed, make_padded, rounded_as_the_kernels_see_it,
+    run_train, unit,
 )
 
 pytestmark = pytest.mark.skipif("cuda" not in BACKENDS, reason="no CUDA backend built")
@@ -476,20 +477,6 @@ def matmul_precision():
     before = torch.get_float32_matmul_precision()
     yield torch.set_float32_matmul_precision
     torch.set_float32_matmul_precision(before)
-
-
-def rounded_as_the_kernels_see_it(x, precision):
-    """(copy, k): what "medium" / "high" score instead of float32 x. "medium": the bfloat16
-    rounding, k = 0. "high": the float16 rounding of x * 2^k, k = 14 when x's largest finite
-    magnitude lies in [2^-9, 2), else the k that brings it into [2^14, 2^15) (round_inputs.cu),
-    written here from the rule, not from the kernel."""
-    if precision == "medium":
-        return x.bfloat16(), 0
-    finite = x[x.isfinite()].abs()
-    amax = float(finite.max()) if finite.numel() else 0.0
-    e = math.frexp(amax)[1] - 1 if amax > 0 else 0
-    k = 14 if amax == 0 or -9 <= e <= 0 else 14 - e
-    return (x.double() * 2.0 ** k).half(), k
 
 
 def scores_of_rounded(ms, case, precision):

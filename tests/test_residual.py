@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from conftest import (
-    SURFACES, assert_argmax, assert_grads, assert_scores, expected_grads, make_case, make_padded, unit,
+    SURFACES, assert_argmax, assert_grads, assert_scores, expected_grads, make_case, make_padded,
+    rounded_as_the_kernels_see_it, unit,
 )
 
 _path = Path(__file__).resolve().parent.parent / "torch-ext" / "maxsim" / "_residual.py"
@@ -371,6 +372,34 @@ def test_cuda_ffma_route(device, surface, rng):
         scores.backward(g.to(scores.dtype))
         eq, _, bq, _ = expected_grads(expect, g, argmax)
         assert_grads(q.grad, eq, bq, torch.float16)
+
+
+@pytest.mark.parametrize("precision", ("high", "medium"))
+def test_float32_matmul_precision_rounds_the_queries(device, precision, rng):
+    """float32 queries under "high" / "medium" score as their float16 (scaled) / bfloat16
+    roundings do, the residual bytes unchanged: the tensor-core decode when the centroids are
+    of the rounding's dtype ("high" with float16 centroids), else the FFMA path; "highest"
+    keeps float32 tokens and products."""
+    ms, dev = device
+    if dev.type != "cuda":
+        pytest.skip("CUDA only (the CPU stays exact: test_forward)")
+    case = make_padded(rng, 3, 4, 10, 50, 64, device=dev)
+    run, storage, _ = encode(ms, case, rng, 2, query_dtype=torch.float32, centroid_dtype=torch.float16)
+    q = run.queries * 40.0
+    q16, kq = rounded_as_the_kernels_see_it(q, precision)
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        want = call(ms, dataclasses.replace(run, queries=q16), storage)
+        want = (want.double() * 2.0 ** -kq).float()
+        exact = call(ms, dataclasses.replace(run, queries=q), storage)
+        torch.set_float32_matmul_precision(precision)
+        got, names = _cuda_kernel_names(lambda: call(ms, dataclasses.replace(run, queries=q), storage))
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert ("MmaMainloop" if precision == "high" else "SimtMainloop") in names, names
+    assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0))
+    assert not torch.equal(got.nan_to_num(7.0), exact.nan_to_num(7.0))
 
 
 def test_empty_centroids_with_tokens(device, rng):

@@ -143,16 +143,6 @@ __device__ __forceinline__ void residual_centroid8(const ResidualRef& r, int64_t
   }
 }
 
-// Bucket id of dimension k of a token whose packed ids start at `ids` (the codec's order: a
-// byte holds 8 / nbits fields from its top bit down, each id lowest bit first). nbits divides
-// 8, so a field never straddles two bytes.
-__device__ __forceinline__ uint32_t residual_bucket_at(const uint8_t* ids, int64_t k, int nbits) {
-  const int64_t bit = k * nbits;
-  const uint32_t byte = __ldg(ids + (bit >> 3));
-  const uint32_t field = (byte >> (8 - nbits - int(bit & 7))) & ((1u << nbits) - 1u);
-  return __brev(field) >> (32 - nbits);
-}
-
 // The forward kernels decode two dimensions at a time: the 2 * nbits bits of a pair of
 // consecutive dimensions, as they lie in the stream, index a table of 2**(2 * nbits) weight
 // pairs (first dimension in the low half), built once per CTA by residual_pair_weights. The

@@ -47,11 +47,12 @@ __device__ __forceinline__ void load_run(const A* p, A* out) {
 // each similarity is multiplied by its row's scale before it meets the max.
 //
 // Residual documents (F = kResidual) take this path wherever the tensor-core decode does not
-// apply: float32 queries, centroids of another dtype than the queries', dim > 256. A tile
-// starts with a pass over its rows (two threads a row) that reads each code once and sums the
-// squares of the decoded row into its factor, 1 / max(||t||, 1e-12) (NaN for a code out of
-// range, which then reads centroid 0); the K chunks then decode element by element on the way
-// into shared memory, t = round_T(centroid + weight), summed in float32 as the contract says.
+// apply: float32 queries, centroids of another dtype than the queries', dim > 256. A thread
+// decodes 8 consecutive dimensions of two rows per K chunk (one vector load of the centroid,
+// nbits bytes of bucket ids): t = round_T(centroid + weight), the float32 sum rounded once as
+// the contract says. It reads its rows' codes once a tile and sums their squares across the
+// chunks; after the last chunk the four threads of a row add theirs in a fixed order into its
+// factor, 1 / max(||t||, 1e-12) (NaN for a code out of range, which reads centroid 0).
 //
 // Per k step a thread reads its TM query values and its 8 document values as 16-byte runs
 // (two runs of four columns, tx * 4 and 64 + tx * 4, so that eight lanes' runs tile 128
@@ -76,8 +77,12 @@ struct SimtMainloop {
 
   static constexpr size_t kBuffer = size_t(KC) * (QP + DP);  // one chunk: [KC][QP] then [KC][DP]
 
-  // residual: after qvalid, the tile's codes and row factors, then the 16 bucket weights
-  static constexpr size_t kResidualBytes = kResidual ? size_t(BN) * 8 + 16 * 4 : 0;
+  // residual: after qvalid, the tile's row factors, then the 16 bucket weights
+  static constexpr size_t kResidualBytes = kResidual ? size_t(BN) * 4 + 16 * 4 : 0;
+  // residual: thread t decodes dimensions [8g, 8g + 8) of each chunk, g = t % 4, for local
+  // rows t / 4 and t / 4 + 64
+  static constexpr int kResRowStep = kThreads / (KC / 8);
+  static_assert(!kResidual || (KC == 32 && BN == 2 * kResRowStep && DL == 16), "residual thread map");
   static constexpr size_t smem_bytes() {
     return 2 * kBuffer * sizeof(Acc) + size_t(BM) * sizeof(int) + kResidualBytes;
   }
@@ -86,11 +91,13 @@ struct SimtMainloop {
   int* qvalid;   // [BM]
   const T* qbase;  // queries + global row of block row 0 of this chunk * dim
   const float* doc_scales;  // compressed: one per document row
-  int* row_code;            // residual: [BN] the tile's codes (0 where out of range)
   float* row_factor;        // residual: [BN] 1 / ||t|| (1 without normalising; NaN: bad code)
   float* weight;            // residual: [2**nbits] bucket weights as float32
   ResidualRef res;          // residual: the codec
   int64_t res_bytes;        // residual: packed bytes per row (dim * nbits / 8)
+  int64_t res_code[2];      // residual: the codes of the thread's two rows (0 if out of range)
+  bool res_ok[2];           // residual: code in range
+  float res_ss[2];          // residual: the squares of the thread's dimensions of its rows
   int64_t dim;
   int tx, ty;
   Acc m[TM];
@@ -101,8 +108,7 @@ struct SimtMainloop {
     doc_scales = scales;
     buf = reinterpret_cast<Acc*>(smem);
     qvalid = reinterpret_cast<int*>(buf + 2 * kBuffer);
-    row_code = qvalid + BM;
-    row_factor = reinterpret_cast<float*>(row_code + BN);
+    row_factor = reinterpret_cast<float*>(qvalid + BM);
     weight = row_factor + BN;
     dim = dim_;
     tx = threadIdx.x % 16;
@@ -117,38 +123,65 @@ struct SimtMainloop {
     for (int b = threadIdx.x; b < (1 << r.nbits); b += kThreads) weight[b] = residual_weight(r, uint32_t(b));
   }
 
-  // Dimension k of the tile's local row r (global row `row`), as the products take it.
-  __device__ __forceinline__ Acc residual_value(int64_t code, const uint8_t* ids, int64_t k) const {
-    const float t = residual_centroid(res, code * dim + k) + weight[residual_bucket_at(ids, k, res.nbits)];
-    return to_acc<Acc>(from_acc<T, float>(t));  // rounded once to T (no-op for float32)
+  // The codes of the thread's two rows of the tile at row0; their squares start at zero.
+  __device__ __forceinline__ void start_residual_tile(int64_t row0, int cols_valid) {
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int r = threadIdx.x / 4 + u * kResRowStep;
+      int64_t code = 0;
+      if (r < cols_valid) {
+        code = res.codes_is64 ? int64_t(__ldg(static_cast<const long long*>(res.codes) + row0 + r))
+                              : int64_t(__ldg(static_cast<const int*>(res.codes) + row0 + r));
+      }
+      res_ok[u] = code >= 0 && code < res.n_centroids;
+      res_code[u] = res_ok[u] ? code : 0;
+      res_ss[u] = 0.f;
+    }
   }
 
-  // The tile's codes and row factors (rows [0, cols_valid) of the tile at row0): thread pair
-  // (2r, 2r + 1) takes row r, the even dimensions and the odd ones, summed in a fixed order.
-  __device__ __forceinline__ void prepare_residual_rows(const uint8_t* docs, int64_t row0, int cols_valid) {
-    static_assert(kThreads == 2 * BN, "two threads a row");
-    const int r = threadIdx.x / 2, half = threadIdx.x % 2;
-    int64_t code = 0;
-    bool ok = false;
-    if (r < cols_valid) {
-      code = res.codes_is64 ? int64_t(__ldg(static_cast<const long long*>(res.codes) + row0 + r))
-                            : int64_t(__ldg(static_cast<const int*>(res.codes) + row0 + r));
-      ok = code >= 0 && code < res.n_centroids;
-      code = ok ? code : 0;
-    }
-    float ss = 0.f;
-    if (ok && res.normalize) {
-      const uint8_t* ids = docs + (row0 + r) * res_bytes;
-      for (int64_t k = half; k < dim; k += 2) {
-        const float v = static_cast<float>(residual_value(code, ids, k));
-        ss = fmaf(v, v, ss);
+  // Dimensions [k, k + 8) of the thread's rows (zeros past the valid rows and dim), as the
+  // products take them, into dv[8u + j].
+  __device__ __forceinline__ void fetch_residual(Acc (&dv)[DL], const uint8_t* docs, int64_t row0, int cols_valid,
+                                                 int64_t k0) {
+    const int nb = res.nbits;
+    const int64_t k = k0 + 8 * (threadIdx.x % 4);
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int r = threadIdx.x / 4 + u * kResRowStep;
+      if (r < cols_valid && k < dim) {  // dim is a multiple of 8: the whole group is in
+        float c[8];
+        residual_centroid8(res, res_code[u] * dim + k, c);
+        const uint8_t* ids = docs + (row0 + r) * res_bytes + k * nb / 8;
+        uint32_t bits = 0;
+        for (int b = 0; b < nb; ++b) bits |= uint32_t(__ldg(ids + b)) << (24 - 8 * b);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float t = to_acc<float>(from_acc<T, float>(c[j] + weight[residual_bucket(bits, j, nb)]));
+          res_ss[u] = fmaf(t, t, res_ss[u]);
+          dv[8 * u + j] = static_cast<Acc>(t);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) dv[8 * u + j] = Acc(0);
       }
     }
-    ss += __shfl_xor_sync(0xffffffffu, ss, 1);
-    if (half == 0) {
-      row_code[r] = static_cast<int>(code);
-      row_factor[r] = !ok ? (r < cols_valid ? __int_as_float(0x7fc00000) : 0.f)
-                          : (res.normalize ? 1.f / fmaxf(sqrtf(ss), 1e-12f) : 1.f);
+  }
+
+  // After the tile's last chunk: each row's four partial sums of squares, in lane order, into
+  // its factor (read after the caller's barrier).
+  __device__ __forceinline__ void finish_residual_tile(int cols_valid) {
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      float ss = res_ss[u];
+      ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+      ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+      const int r = threadIdx.x / 4 + u * kResRowStep;
+      if (threadIdx.x % 4 == 0) {
+        row_factor[r] = r >= cols_valid ? 0.f
+                        : !res_ok[u]    ? __int_as_float(0x7fc00000)
+                        : res.normalize ? 1.f / fmaxf(sqrtf(ss), 1e-12f)
+                                        : 1.f;
+      }
     }
   }
 
@@ -187,7 +220,7 @@ struct SimtMainloop {
   static constexpr int kRowStep = kThreads / KC;
   static_assert(kThreads % KC == 0, "a thread's elements share a column");
   __device__ __forceinline__ void fetch(Acc (&qv)[QL], Acc (&dv)[DL], const DocT* docs, int64_t row0,
-                                        int cols_valid, int64_t k0) const {
+                                        int cols_valid, int64_t k0) {
     const int r0 = threadIdx.x / KC;
     const int64_t k = k0 + threadIdx.x % KC;
     const bool k_in = k < dim;
@@ -196,13 +229,7 @@ struct SimtMainloop {
 #pragma unroll
     for (int i = 0; i < QL; ++i) qv[i] = (qvalid[r0 + i * kRowStep] && k_in) ? to_acc<Acc>(q[i * step]) : Acc(0);
     if constexpr (kResidual) {
-      const uint8_t* ids = docs + (row0 + r0) * res_bytes;
-      const int64_t id_step = int64_t(kRowStep) * res_bytes;
-#pragma unroll
-      for (int i = 0; i < DL; ++i) {
-        const int r = r0 + i * kRowStep;
-        dv[i] = (r < cols_valid && k_in) ? residual_value(row_code[r], ids + i * id_step, k) : Acc(0);
-      }
+      fetch_residual(dv, docs, row0, cols_valid, k0);
     } else {
       const int64_t d0 = (row0 + r0) * dim + k;
 #pragma unroll
@@ -220,10 +247,18 @@ struct SimtMainloop {
       const int e = threadIdx.x + i * kThreads;
       qs[(e % KC) * QP + e / KC] = qv[i];
     }
+    if constexpr (kResidual) {  // dv[8u + j]: dimension 8g + j of local row t / 4 + 64u
+      const int g = threadIdx.x % 4, r = threadIdx.x / 4;
 #pragma unroll
-    for (int i = 0; i < DL; ++i) {
-      const int e = threadIdx.x + i * kThreads;
-      ds[(e % KC) * DP + e / KC] = dv[i];
+      for (int u = 0; u < 2; ++u)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) ds[(8 * g + j) * DP + r + u * kResRowStep] = dv[8 * u + j];
+    } else {
+#pragma unroll
+      for (int i = 0; i < DL; ++i) {
+        const int e = threadIdx.x + i * kThreads;
+        ds[(e % KC) * DP + e / KC] = dv[i];
+      }
     }
   }
 
@@ -236,10 +271,7 @@ struct SimtMainloop {
 
     Acc qv[QL], dv[DL];
     __syncthreads();  // the previous tile's buffers consumed (and qvalid written)
-    if constexpr (kResidual) {
-      prepare_residual_rows(docs, row0, cols_valid);
-      __syncthreads();
-    }
+    if constexpr (kResidual) start_residual_tile(row0, cols_valid);
     fetch(qv, dv, docs, row0, cols_valid, 0);
     stash(0, qv, dv);
     __syncthreads();
@@ -262,6 +294,10 @@ struct SimtMainloop {
       }
       // the other buffer was last read before the previous barrier
       if (more) stash(b ^ 1, qv, dv);
+      __syncthreads();
+    }
+    if constexpr (kResidual) {
+      finish_residual_tile(cols_valid);
       __syncthreads();
     }
     Acc scale[TN];
