@@ -11,7 +11,7 @@ with many entries a row), plus a contrastive step whose documents take several b
     compute-sanitizer --tool memcheck  python3 tools/device/sanitize_subset.py
     compute-sanitizer --tool racecheck python3 tools/device/sanitize_subset.py
 
-SANITIZE_PARTS=residual (comma-separated: float, compressed, residual, hopper, centroids, bytes,
+SANITIZE_PARTS=residual (comma-separated: float, compressed, residual, residual_ffma, hopper, centroids, bytes,
 grad_documents) runs only those.
 """
 import os
@@ -99,11 +99,13 @@ def compressed_entry_points(dtype, dim, fmt, lq=37):
     out[:6].sum().backward()
 
 
-def residual_entry_points(dtype, dim, nbits):
+def residual_entry_points(dtype, dim, nbits, centroid_dtype=None):
     """Every surface with residual documents, query gradients, codes out of range (NaN, no
-    access past the centroids)."""
+    access past the centroids). centroid_dtype other than dtype (or float32 queries, or dim >
+    256): the FFMA route's decode."""
     n_cent = 19
-    codec = maxsim.ResidualCodec(rand(n_cent, dim, dtype=dtype), rand(1 << nbits, dtype=torch.float32), nbits)
+    codec = maxsim.ResidualCodec(rand(n_cent, dim, dtype=centroid_dtype or dtype),
+                                 rand(1 << nbits, dtype=torch.float32), nbits)
     rb = dim * nbits // 8
 
     def codes_and_bits(*tokens):
@@ -177,7 +179,7 @@ def many_entries_a_row(dtype, dim):
     maxsim.score_contrastive_train(cq, docs, offs, query_lengths=cql).sum().backward()
 
 
-parts = set(os.environ.get("SANITIZE_PARTS", "float,compressed,residual,hopper,centroids,bytes,grad_documents")
+parts = set(os.environ.get("SANITIZE_PARTS", "float,compressed,residual,residual_ffma,hopper,centroids,bytes,grad_documents")
             .split(","))
 for dtype in (torch.float16, torch.bfloat16, torch.float32):
     for dim in (3, 128, 300):
@@ -190,6 +192,10 @@ if "residual" in parts:
     for dtype in (torch.float16, torch.bfloat16):
         for dim, nbits in ((8, 1), (64, 4), (128, 2), (256, 2)):
             residual_entry_points(dtype, dim, nbits)
+if "residual_ffma" in parts:
+    for dtype, centroid_dtype, dim, nbits in ((torch.float32, torch.float16, 8, 1), (torch.float32, torch.float32, 128, 2),
+                                              (torch.bfloat16, torch.float16, 64, 4), (torch.float16, torch.float16, 272, 2)):
+        residual_entry_points(dtype, dim, nbits, centroid_dtype)
 if "centroids" in parts:
     for query_dtype, centroid_dtype in ((torch.float16, torch.float16), (torch.float32, torch.bfloat16)):
         for lq in (32, 45):
