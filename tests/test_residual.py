@@ -273,12 +273,14 @@ def test_empty_and_degenerate(device, rng):
     assert out.shape == (2, 0)
 
 
-def test_bad_codes(device, rng):
+@pytest.mark.parametrize("query_dtype", (torch.float16, torch.float32), ids=str)
+def test_bad_codes(device, query_dtype, rng):
     """A code out of range: a named error where values can be read (CPU), NaN for the pairs
-    that read it on a GPU, and never an out-of-bounds read."""
+    that read it on a GPU (both of CUDA's decodes: float32 queries take the FFMA one) and for
+    no other pair, and never an out-of-bounds read."""
     ms, dev = residual_backends(device)
     case = make_padded(rng, 2, 3, 4, 8, 32, device=dev)
-    run, storage, _ = encode(ms, case, rng, 2)
+    run, storage, _ = encode(ms, case, rng, 2, query_dtype=query_dtype)
     codes = storage["document_codes"].clone()
     codes[1, 2, 0] = 37  # == n_centroids
     codes[0, 1, 3] = -5
@@ -289,8 +291,10 @@ def test_bad_codes(device, rng):
         return
     scores = call(ms, run, bad)
     d_lens = case.doc_lengths
-    assert torch.isnan(scores[1, 2]) == bool(d_lens[1, 2] > 0 and case.query_lengths[1] > 0)
-    assert torch.isnan(scores[0, 1]) == bool(d_lens[0, 1] > 3 and case.query_lengths[0] > 0)
+    want = torch.zeros(2, 3, dtype=torch.bool)
+    want[1, 2] = bool(d_lens[1, 2] > 0 and case.query_lengths[1] > 0)
+    want[0, 1] = bool(d_lens[0, 1] > 3 and case.query_lengths[0] > 0)
+    assert torch.equal(torch.isnan(scores).cpu(), want)
 
 
 def test_errors(cpu_kernel, rng):
@@ -400,6 +404,23 @@ def test_float32_matmul_precision_rounds_the_queries(device, precision, rng):
     assert ("MmaMainloop" if precision == "high" else "SimtMainloop") in names, names
     assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0))
     assert not torch.equal(got.nan_to_num(7.0), exact.nan_to_num(7.0))
+    # _train: the scores of the rounded queries, the gradient the float32 one for their argmax
+    # (the backward decodes float32 tokens, as it gathers float32 rows for float documents)
+    qt = q.detach().clone().requires_grad_()
+    g = unit(rng, *case.score_shape).to(dev)
+    try:
+        torch.set_float32_matmul_precision(precision)
+        scores = call(ms, dataclasses.replace(run, queries=qt), storage, "_train")
+        scores.backward(g)
+        _, argmax = call(ms, dataclasses.replace(run, queries=q), storage, "_with_argmax")
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert torch.equal(scores.detach().nan_to_num(7.0), want.nan_to_num(7.0))
+    t, factor = RES.residual_tokens(storage["document_codes"].cpu(), run.documents.cpu(),
+                                    storage["residual_codec"].to("cpu"), torch.float32)
+    expect = dataclasses.replace(case, queries=q, documents=(t.double() * factor.double().unsqueeze(-1)).to(dev))
+    eq, _, bq, _ = expected_grads(expect, g, argmax)
+    assert_grads(qt.grad, eq, bq, torch.float32)
 
 
 def test_empty_centroids_with_tokens(device, rng):
