@@ -5,7 +5,8 @@ A ColBERTv2 / PLAID index keeps each document token as a centroid id plus nbits 
 in place: no dense copy of the candidates is made. Here we build a small index the way
 colbert-ai's codec does (maxsim.compress_residuals writes its byte layout, checked against
 colbert-ai itself in tests/integrations/test_residual_codecs.py), rerank one query's candidates
-from the codes, and compare with scoring the decompressed tokens.
+from the codes, compare with scoring the decompressed tokens, and score float32 queries (what
+a PyLate model emits) against the same float16 index.
 
 Run: `python3 tools/dev.py example 9` (or LOCAL_KERNELS="maxsim/maxsim=$PWD" HF_HUB_OFFLINE=1 python3 examples/09_plaid_residual_rerank.py)
 """
@@ -60,3 +61,13 @@ print("top 5 candidates:", candidates[order[:5].cpu()].tolist(), "(the query cam
 assert candidates[order[0].cpu()] == 7
 assert torch.equal(order[:10].cpu(), dense_scores.argsort(descending=True)[:10].cpu()) or \
     (scores - dense_scores).abs().max() < 1e-2
+
+# ---- 4. float32 queries, as a PyLate model emits them, against the same float16 index ---------
+# No cast needed: the tokens are then decoded in float32 (on a GPU by the FFMA decode, under
+# torch's default "highest" float32 matmul precision; "high" scores a float16 copy instead).
+scores32 = maxsim.score_pairs_packed(dev(query), dev(query_offsets), dev(residuals), dev(offsets),
+                                     dev(pair_query_ids), dev(candidates), document_codes=dev(codes),
+                                     residual_codec=codec.to(device))
+print(f"float32 queries: largest difference from the float16 queries' scores "
+      f"{(scores32 - scores).abs().max().item():.2e}; same top 1: {bool(scores32.argmax() == scores.argmax())}")
+assert scores32.argmax() == scores.argmax()
