@@ -47,12 +47,13 @@ __device__ __forceinline__ void load_run(const A* p, A* out) {
 // each similarity is multiplied by its row's scale before it meets the max.
 //
 // Residual documents (F = kResidual) take this path wherever the tensor-core decode does not
-// apply: float32 queries, centroids of another dtype than the queries', dim > 256. A thread
-// decodes 8 consecutive dimensions of two rows per K chunk (one vector load of the centroid,
-// nbits bytes of bucket ids): t = round_T(centroid + weight), the float32 sum rounded once as
-// the contract says. It reads its rows' codes once a tile and sums their squares across the
-// chunks; after the last chunk the four threads of a row add theirs in a fixed order into its
-// factor, 1 / max(||t||, 1e-12) (NaN for a code out of range, which reads centroid 0).
+// apply: float32 queries, centroids of another dtype than the queries' or off 16-byte
+// boundaries, dim > 256. A thread decodes 8 consecutive dimensions of two rows per K chunk
+// (one vector load of the centroid, nbits bytes of bucket ids): t = round_T(centroid +
+// weight), the float32 sum rounded once as the contract says. It reads its rows' codes once a
+// tile and sums their squares across the chunks; after the last chunk the four threads of a
+// row add theirs in a fixed order into its factor, 1 / max(||t||, 1e-12) (NaN for a code out
+// of range, which reads centroid 0).
 //
 // Per k step a thread reads its TM query values and its 8 document values as 16-byte runs
 // (two runs of four columns, tx * 4 and 64 + tx * 4, so that eight lanes' runs tile 128
