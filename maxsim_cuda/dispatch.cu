@@ -55,20 +55,14 @@ cudaError_t backward_compressed(const BackwardParams& p) {
     default: return cudaErrorInvalidValue;
   }
 }
-// Residual documents decode into 16-bit tensor-core tiles (mainloop_mma.cuh) when the
-// producer can copy centroid rows as they are: 16-bit queries, centroids of the same dtype on
-// 16-byte rows, dim <= 256. Everything else decodes on the FFMA path.
-bool residual_on_tensor_cores(const ForwardParams& p) {
-  const int queries_dtype = p.dtype == DType::kF16 ? 1 : p.dtype == DType::kBF16 ? 2 : -1;
-  return queries_dtype == p.residual.centroids_dtype && p.dim <= 256 &&
-         (reinterpret_cast<uintptr_t>(p.residual.centroids) & 15) == 0;
-}
 }  // namespace
 
 cudaError_t launch_forward(const ForwardParams& p) {
   if (p.pairs <= 0) return cudaSuccess;
   if (p.doc_format == DocFormat::kResidual) {
-    const bool tensor_cores = residual_on_tensor_cores(p);
+    // the tensor-core decode (mainloop_mma.cuh) copies centroid rows as they are and takes
+    // dim <= 256; everything else decodes on the FFMA path
+    const bool tensor_cores = residual_rows_of(p.residual, p.dtype) && p.dim <= 256;
     switch (p.dtype) {
       case DType::kF16:
         return tensor_cores ? kernel::launch_forward_residual<__half>(p) : kernel::launch_forward_residual_simt<__half>(p);

@@ -49,6 +49,13 @@ struct ResidualRef {
   int normalize = 1;
 };
 
+// Whether the centroids are 16-bit rows of the queries' dtype on 16-byte boundaries: rows the
+// tensor-core decode copies as they are, and grad_queries reads a 16-byte vector at a time.
+inline bool residual_rows_of(const ResidualRef& r, DType queries) {
+  const int q = queries == DType::kF16 ? 1 : queries == DType::kBF16 ? 2 : -1;
+  return r.centroids_dtype == q && (reinterpret_cast<uintptr_t>(r.centroids) & 15) == 0;
+}
+
 // What forward and backward both see of a call: the surface, its embeddings and sizes and
 // index tensors, and where to run. Shapes, by surface (see docs/design.md):
 //   padded:      queries [B,Lq,D]  documents [B,C,Ld,D]   num_queries=B, cands=C, lq=Lq, ld=Ld

@@ -66,8 +66,8 @@ cudaError_t run_backward(const BackwardParams& p) {
       const int64_t blocks = (rows + kQWarps - 1) / kQWarps;
       const unsigned grid = static_cast<unsigned>(blocks);
       bool rows_of_t = false;
-      if constexpr (F == DocFormat::kResidual && sizeof(T) == 2) rows_of_t = residual_rows_of<T>(a.res);
       if constexpr (F == DocFormat::kResidual && sizeof(T) == 2) {
+        rows_of_t = residual_rows_of(a.res, p.dtype);
         if (rows_of_t) grad_queries_kernel<SURF, T, Acc, F, true><<<grid, kQWarps * 32, 0, p.stream>>>(a, rows);
       }
       if (!rows_of_t) grad_queries_kernel<SURF, T, Acc, F><<<grid, kQWarps * 32, 0, p.stream>>>(a, rows);

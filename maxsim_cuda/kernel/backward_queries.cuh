@@ -28,8 +28,8 @@ __device__ __forceinline__ bool residual_code_of(const BwdArgs<T, Acc>& a, int64
 
 // Elements [e, e + 8) of decoded row `row` (code valid, e a multiple of 8, e < dim) into
 // out[0, 8): round_T(centroid + weight), the float32 sum rounded once (for float32 queries no
-// rounding). kRowsOfT: the centroids are 16-bit rows of T on 16-byte boundaries (one vector
-// load a chunk, as the forward's tensor-core decode copies them); else any dtype, any address.
+// rounding). kRowsOfT: the centroids are 16-bit rows of T on 16-byte boundaries (launch.h's
+// residual_rows_of: one vector load a chunk); else any dtype, any address.
 template <bool kRowsOfT, class T, class Acc>
 __device__ __forceinline__ void residual_chunk(const BwdArgs<T, Acc>& a, int64_t row, int64_t code, int64_t e,
                                                T* out) {
@@ -49,13 +49,6 @@ __device__ __forceinline__ void residual_chunk(const BwdArgs<T, Acc>& a, int64_t
 #pragma unroll
     for (int j = 0; j < 8; ++j) out[j] = from_acc<T, float>(c[j] + residual_weight(a.res, residual_bucket(bits, j, nbits)));
   }
-}
-
-// Host: whether the centroids are rows of T on 16-byte boundaries (residual_chunk<true>).
-template <class T>
-inline bool residual_rows_of(const ResidualRef& r) {
-  const int t = std::is_same_v<T, __half> ? 1 : std::is_same_v<T, __nv_bfloat16> ? 2 : -1;
-  return r.centroids_dtype == t && (reinterpret_cast<uintptr_t>(r.centroids) & 15) == 0;
 }
 
 // 1 / max(||row||, 1e-12) of the decoded row (1 without normalising; NaN for a bad code).
