@@ -6,7 +6,8 @@
 // wgmma takes its B operand from shared memory as 16-bit values only, but its A operand may
 // come from registers. So here the documents are A: per 128-row tile a consumer thread reads
 // its rows' bytes (TMA put them in the slot, 128-byte swizzled), widens them in registers
-// into A fragments, and two m64nNk16 chains (N = 32 or 64 query rows) multiply them with the
+// into A fragments, and m64nNk16 chains (N = 32 query rows; at 64, two 32-column chains a half,
+// each fold under the next chain) multiply them with the
 // step's query, which is B. The accumulator is S^T: rows are document rows, columns query
 // rows, so each thread keeps a running (max, argmax) per query column over its own document
 // rows (the per-element scale first, fold_tile over its four rows of a tile), and the max over
@@ -134,12 +135,16 @@ __device__ __forceinline__ void widen_half(const uint4 (&raw)[2][2], uint32_t (&
   }
 }
 
-template <class T, int N>
-__device__ __forceinline__ void half_mma(float (&acc)[N / 8][4], const uint32_t (&a)[8][4], uint32_t perm) {
+// The half's MMAs against query rows row0 .. row0 + NC of the permuted B block of N rows
+// (row0 a multiple of 8: a whole number of 1 KB swizzle atoms, so the descriptor only moves).
+template <class T, int N, int NC = N>
+__device__ __forceinline__ void half_mma(float (&acc)[NC / 8][4], const uint32_t (&a)[8][4], uint32_t perm,
+                                         int row0 = 0) {
 #pragma unroll
   for (int s = 0; s < 8; ++s) {
-    const uint64_t b = sw128_desc(perm + uint32_t((s / 4) * N * 128)) + uint64_t(((s % 4) * 32) >> 4);
-    WgmmaM64RegA<T, N>::run(acc, a[s], b, s != 0);
+    const uint64_t b =
+        sw128_desc(perm + uint32_t((s / 4) * N * 128 + row0 * 128)) + uint64_t(((s % 4) * 32) >> 4);
+    WgmmaM64RegA<T, NC>::run(acc, a[s], b, s != 0);
   }
 }
 
@@ -183,6 +188,36 @@ struct ColumnMax {
                                        int col_base, bool index) {
     index ? fold<H0, H, MASK, true>(acc, sc, row0, left, col_base)
           : fold<H0, H, MASK, false>(acc, sc, row0, left, col_base);
+  }
+  // Query columns NT0 * 8 .. (NT0 + NTC) * 8 of half H0's rows (acc from an MMA into those
+  // columns alone): per column the same fold_tile as fold<H0, 1>, so the results are its bits.
+  template <int NT0, int NTC, int H0, bool MASK, bool INDEX>
+  __device__ __forceinline__ void fold_columns(const float (&acc)[NTC][4], const float (&sc)[2], int row0, int left,
+                                               int col_base) {
+    const int col[2] = {H0 * 64, H0 * 64 + 8};
+#pragma unroll
+    for (int nt = 0; nt < NTC; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float v[2];
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          const float x = acc[nt][2 * k + e] * sc[k];
+          v[k] = (MASK && row0 + col[k] >= left) ? neg_inf<float>() : x;
+        }
+        fold_tile<2, INDEX>(m[NT0 + nt][e], idx[NT0 + nt][e], v, col, col_base);
+      }
+  }
+  template <int NT0, int NTC, int H0>
+  __device__ __forceinline__ void fold_columns(const float (&acc)[NTC][4], const float (&sc)[2], int row0, int left,
+                                               int col_base, bool mask, bool index) {
+    if (mask) {
+      index ? fold_columns<NT0, NTC, H0, true, true>(acc, sc, row0, left, col_base)
+            : fold_columns<NT0, NTC, H0, true, false>(acc, sc, row0, left, col_base);
+    } else {
+      index ? fold_columns<NT0, NTC, H0, false, true>(acc, sc, row0, left, col_base)
+            : fold_columns<NT0, NTC, H0, false, false>(acc, sc, row0, left, col_base);
+    }
   }
   // The warp's maxima of each column over its lanes' rows (merge_lanes across the eight
   // lanes of a column), written by the lanes of row group 0 into the warp's parts. One loop
@@ -313,10 +348,48 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
           cm.template fold<0, 1, true>(reinterpret_cast<const float(&)[1][NT][4]>(acc[0]), sc0, row0, left, col_base,
                                        index);
         }
+      } else if constexpr (N == 64) {
+        // 64 query rows: both halves in flight need ~200 registers (the split shape's nine
+        // warps are three on some scheduler, which caps a thread at 168), so a half's MMAs run
+        // as two 32-column chains into the same 32 accumulator registers, and each fold runs
+        // under the next chain: the left columns' fold under the right columns' MMAs, the
+        // right columns' under the next half's left ones.
+        constexpr int NC = 4;  // 8-column blocks a chain
+        float acc_l[NC][4], acc_r[NC][4];
+        uint32_t a[8][4];
+        const auto chain = [&](float(&acc)[NC][4], int first_row) {
+          fence_registers(acc);
+          wgmma_fence();
+          half_mma<T, N, 32>(acc, a, perm, first_row);
+          wgmma_commit();
+        };
+        widen_half<T, F>(raw[0], a);
+        chain(acc_l, 0);
+        chain(acc_r, 32);
+        wgmma_wait<1>();
+        fence_registers(acc_l);
+        const bool mask0 = left < 64, mask1 = left < BN;
+        cm.template fold_columns<0, NC, 0>(acc_l, sc[0], row0, left, col_base, mask0, index);
+        wgmma_wait<0>();
+        fence_registers(acc_r);
+        fence_a(a);
+        if (HV == 2 && two) {
+          widen_half<T, F>(raw[HV - 1], a);
+          chain(acc_l, 0);
+          cm.template fold_columns<NC, NC, 0>(acc_r, sc[0], row0, left, col_base, mask0, index);
+          chain(acc_r, 32);
+          wgmma_wait<1>();
+          fence_registers(acc_l);
+          cm.template fold_columns<0, NC, HV - 1>(acc_l, sc[HV - 1], row0, left, col_base, mask1, index);
+          wgmma_wait<0>();
+          fence_registers(acc_r);
+          fence_a(a);
+          cm.template fold_columns<NC, NC, HV - 1>(acc_r, sc[HV - 1], row0, left, col_base, mask1, index);
+        } else {
+          cm.template fold_columns<NC, NC, 0>(acc_r, sc[0], row0, left, col_base, mask0, index);
+        }
       } else {
-        // one half at a time: 64 query rows (both halves in flight need ~200 registers; the
-        // split shape's nine warps are three on some scheduler, so it is capped at 168 too), or
-        // 64-row tiles (three CTAs an SM: 136 registers a thread)
+        // one half at a time: 64-row tiles (three CTAs an SM: 136 registers a thread)
 #pragma unroll
         for (int hh = 0; hh < HV; ++hh) {
           if (hh == 1 && !two) break;

@@ -143,6 +143,19 @@ BYTES = [
                    ("LongDocStress", "full"), ("LongDocStressPacked", "ragged"), ("SmallRerank", "full"))
 ]
 
+# The byte kernel at 64 query rows (2026-11-28): each half's MMAs as two 32-column chains, a
+# fold under the next chain. LongDocStress in each layout (the split shape, one CTA an SM),
+# e4m3 beside int8, and Lq 48 / 64 calls of many steps (two CTAs an SM).
+BYTES_LQ64 = [
+    *((f"{n} {lay} {fmt}", {}, lambda ms, n=n, lay=lay, f=fmt: workload_call(ms, n, lay, f))
+      for n, lay, fmt in (("LongDocStress", "full", "int8"), ("LongDocStress", "ragged", "int8"),
+                          ("LongDocStressPacked", "ragged", "int8"), ("LongDocStress", "full", "float8_e4m3fn"))),
+    *padded_rows([
+        ("Lq 64, Ld 512, 32 x 50, int8 (two CTAs an SM)", {}, (32, 50, 64, 512, 128), torch.float16, "int8"),
+        ("Lq 48, Ld 300, 32 x 50, bf16 + int8", {}, (32, 50, 48, 300, 128), torch.bfloat16, "int8"),
+    ]),
+]
+
 # The mma.sync kernels' query load (2026-11-27): a new query read before the wait for its step's
 # first tile, and the full-width load (one address a row, no per-word dim checks). The
 # one-step-a-CTA rows (issue 22's small rows), many-step rows, and the same kernels forced
@@ -182,7 +195,7 @@ GRAD_QUERIES = [
 
 GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESIDUAL_PAIRS),
           "grad_documents": GRAD_DOCUMENTS, "bytes": BYTES, "query_load": QUERY_LOAD, "epilogue": EPILOGUE,
-          "grad_queries": GRAD_QUERIES}
+          "grad_queries": GRAD_QUERIES, "bytes_lq64": BYTES_LQ64}
 
 
 def equal(a, b):
