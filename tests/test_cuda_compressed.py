@@ -445,6 +445,12 @@ def test_argmax_matches_cpu_backend(ops, surface, fmt):
     gen = torch.Generator().manual_seed(41)
     case = Case(surface, fmt, torch.float32, 96, 12, gen).cuda_inputs()
     _, a_gpu = case.forward(ops, True)
+    # a second call over poisoned memory: the GPU's answer is its own (seen once, 2026-11-28:
+    # this test failed on padded-int8 and passed on the reruns; the detail below says which
+    # side moved if it happens again)
+    poison(a_gpu)
+    _, a_again = case.forward(ops, True)
+    assert torch.equal(a_gpu, a_again)
     cpu = case.__class__.__new__(case.__class__)
     cpu.__dict__.update(case.__dict__)
     for name in ("qc", "vc", "sc", "qlc", "qoc", "doc_", "pqc", "pdc"):
@@ -464,7 +470,13 @@ def test_argmax_matches_cpu_backend(ops, surface, fmt):
         top = sims.topk(2, dim=1)
         clear = (top.values[:, 0] - top.values[:, 1]) > 4 * bound.max(dim=1).values
         rows = clear.nonzero().flatten()
-        assert torch.equal(a_gpu[p, rows], a_cpu[p, rows]), p
+        got, want = a_gpu[p, rows], a_cpu[p, rows]
+        if not torch.equal(got, want):
+            r = rows[got != want]
+            raise AssertionError(
+                f"pair {p}: rows {r.tolist()}, GPU argmax {a_gpu[p, r].tolist()}, CPU {a_cpu[p, r].tolist()}, "
+                f"query rows {q.shape[0]}, document rows {v.shape[0]}, top two {top.values[r].tolist()}, "
+                f"bound {bound.max(dim=1).values[r].tolist()}")
         compared += len(rows)
     assert compared > 0
 
