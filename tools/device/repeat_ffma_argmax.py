@@ -1,0 +1,99 @@
+"""Repeats test_argmax_matches_cpu_backend's calls (float32 queries: the FFMA kernels with
+int8 / e4m3 documents) many times, with the host's cores busy, and reports any call whose
+argmax or scores differ from the first call's, or whose argmax differs from the CPU backend's
+where the best similarity is clear of the runner-up.
+
+That test failed once (2026-11-28, padded-int8, inside `cli.py ab`, whose base build was
+compiling on every core at the time) and passed on every rerun; this is the probe for it.
+
+Run on the device from the repository root after a CUDA and a CPU build, with the test
+environment (as `cli.py suite` sets it):
+  REPS=200 BUSY=16 python3 tools/device/repeat_ffma_argmax.py
+"""
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from test_cuda_compressed import Case, load_kernel, pair_reference, poison  # noqa: E402
+
+
+def spin(stop):
+    x = 0
+    while not stop.is_set():
+        x = (x * 1103515245 + 12345) % 2147483648
+
+
+def cpu_copy(case):
+    cpu = case.__class__.__new__(case.__class__)
+    cpu.__dict__.update(case.__dict__)
+    for name in ("qc", "vc", "sc", "qlc", "qoc", "doc_", "pqc", "pdc"):
+        if hasattr(case, name):
+            setattr(cpu, name, getattr(case, name).cpu())
+    if hasattr(case, "ic"):
+        cpu.ic = [t.cpu() for t in case.ic]
+    return cpu
+
+
+def main() -> None:
+    ops = importlib.import_module(load_kernel("cuda").__name__ + "._ops").ops
+    cpu_ops = importlib.import_module(load_kernel("cpu").__name__ + "._ops").ops
+    reps, busy = int(os.environ.get("REPS", "200")), int(os.environ.get("BUSY", "0"))
+    stop = multiprocessing.Event()
+    workers = [multiprocessing.Process(target=spin, args=(stop,)) for _ in range(busy)]
+    for w in workers:
+        w.start()
+    failures = 0
+    try:
+        for surface in ("padded", "packed", "contrastive", "contrastive_padded"):
+            for fmt in ("int8", "e4m3"):
+                case = Case(surface, fmt, torch.float32, 96, 12, torch.Generator().manual_seed(41)).cuda_inputs()
+                s0, a0 = case.forward(ops, True)
+                _, a_cpu = cpu_copy(case).forward(cpu_ops, True)
+                a_cpu = a_cpu.reshape(-1, case.width)
+                compared = []  # (pair, rows to compare: None for the whole row)
+                for p, q, v, sc, ok in case.pairs:
+                    if q.shape[0] == 0 or v.shape[0] < 2:
+                        compared.append((p, None))
+                        continue
+                    sims, bound = pair_reference(q, v, sc)
+                    top = sims.topk(2, dim=1)
+                    compared.append((p, ((top.values[:, 0] - top.values[:, 1]) > 4 * bound.max(dim=1).values)
+                                     .nonzero().flatten()))
+                moved = cpu_diff = 0
+                for _ in range(reps):
+                    poison(s0, a0)
+                    s, a = case.forward(ops, True)
+                    if not (torch.equal(s.nan_to_num(nan=3.0), s0.nan_to_num(nan=3.0)) and torch.equal(a, a0)):
+                        moved += 1
+                    a = a.cpu().reshape(-1, case.width)
+                    for p, rows in compared:
+                        if rows is None:
+                            cpu_diff += int(not torch.equal(a[p], a_cpu[p]))
+                            continue
+                        if not torch.equal(a[p, rows], a_cpu[p, rows]):
+                            cpu_diff += 1
+                            if cpu_diff <= 3:
+                                r = rows[a[p, rows] != a_cpu[p, rows]]
+                                print(f"  {surface} {fmt}: pair {p} rows {r.tolist()} GPU {a[p, r].tolist()} "
+                                      f"CPU {a_cpu[p, r].tolist()}")
+                print(f"{surface} {fmt}: {reps} calls, {moved} differ from the first, "
+                      f"{cpu_diff} pair(s) differ from the CPU backend")
+                failures += moved + cpu_diff
+    finally:
+        stop.set()
+        for w in workers:
+            w.join()
+    print("repeat_ffma_argmax:", "ok" if failures == 0 else f"{failures} differences")
+
+
+if __name__ == "__main__":
+    main()
