@@ -162,6 +162,17 @@ class Case:
             self.qlc = self.idx(self.ql)
         return self
 
+    def on_cpu(self):
+        """A copy of this case whose call inputs are the CPU copies of the CUDA ones."""
+        cpu = self.__class__.__new__(self.__class__)
+        cpu.__dict__.update(self.__dict__)
+        for name in ("qc", "vc", "sc", "qlc", "qoc", "doc_", "pqc", "pdc"):
+            if hasattr(self, name):
+                setattr(cpu, name, getattr(self, name).cpu())
+        if hasattr(self, "ic"):
+            cpu.ic = [t.cpu() for t in self.ic]
+        return cpu
+
     def forward(self, ops, with_argmax, scales="default"):
         sc = self.sc if scales == "default" else scales
         if self.surface == "padded":
@@ -451,14 +462,7 @@ def test_argmax_matches_cpu_backend(ops, surface, fmt):
     poison(a_gpu)
     _, a_again = case.forward(ops, True)
     assert torch.equal(a_gpu, a_again)
-    cpu = case.__class__.__new__(case.__class__)
-    cpu.__dict__.update(case.__dict__)
-    for name in ("qc", "vc", "sc", "qlc", "qoc", "doc_", "pqc", "pdc"):
-        if hasattr(case, name):
-            setattr(cpu, name, getattr(case, name).cpu())
-    if hasattr(case, "ic"):
-        cpu.ic = [t.cpu() for t in case.ic]
-    _, a_cpu = cpu.forward(cpu_ops, True)
+    _, a_cpu = case.on_cpu().forward(cpu_ops, True)
     a_gpu = a_gpu.cpu().reshape(-1, case.width)
     a_cpu = a_cpu.reshape(-1, case.width)
     compared = 0

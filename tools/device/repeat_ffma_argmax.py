@@ -32,17 +32,6 @@ def spin(stop):
         x = (x * 1103515245 + 12345) % 2147483648
 
 
-def cpu_copy(case):
-    cpu = case.__class__.__new__(case.__class__)
-    cpu.__dict__.update(case.__dict__)
-    for name in ("qc", "vc", "sc", "qlc", "qoc", "doc_", "pqc", "pdc"):
-        if hasattr(case, name):
-            setattr(cpu, name, getattr(case, name).cpu())
-    if hasattr(case, "ic"):
-        cpu.ic = [t.cpu() for t in case.ic]
-    return cpu
-
-
 def main() -> None:
     ops = importlib.import_module(load_kernel("cuda").__name__ + "._ops").ops
     cpu_ops = importlib.import_module(load_kernel("cpu").__name__ + "._ops").ops
@@ -57,7 +46,7 @@ def main() -> None:
             for fmt in ("int8", "e4m3"):
                 case = Case(surface, fmt, torch.float32, 96, 12, torch.Generator().manual_seed(41)).cuda_inputs()
                 s0, a0 = case.forward(ops, True)
-                _, a_cpu = cpu_copy(case).forward(cpu_ops, True)
+                _, a_cpu = case.on_cpu().forward(cpu_ops, True)
                 a_cpu = a_cpu.reshape(-1, case.width)
                 compared = []  # (pair, rows to compare: None for the whole row)
                 for p, q, v, sc, ok in case.pairs:
