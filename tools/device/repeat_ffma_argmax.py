@@ -23,7 +23,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from test_cuda_compressed import Case, load_kernel, pair_reference, poison  # noqa: E402
+from test_cuda_compressed import Case, argmax_disagreements, clear_rows, load_kernel, poison  # noqa: E402
 
 
 def spin(stop):
@@ -48,32 +48,17 @@ def main() -> None:
                 s0, a0 = case.forward(ops, True)
                 _, a_cpu = case.on_cpu().forward(cpu_ops, True)
                 a_cpu = a_cpu.reshape(-1, case.width)
-                compared = []  # (pair, rows to compare: None for the whole row)
-                for p, q, v, sc, ok in case.pairs:
-                    if q.shape[0] == 0 or v.shape[0] < 2:
-                        compared.append((p, None))
-                        continue
-                    sims, bound = pair_reference(q, v, sc)
-                    top = sims.topk(2, dim=1)
-                    compared.append((p, ((top.values[:, 0] - top.values[:, 1]) > 4 * bound.max(dim=1).values)
-                                     .nonzero().flatten()))
+                checks = clear_rows(case)
                 moved = cpu_diff = 0
                 for _ in range(reps):
                     poison(s0, a0)
                     s, a = case.forward(ops, True)
                     if not (torch.equal(s.nan_to_num(nan=3.0), s0.nan_to_num(nan=3.0)) and torch.equal(a, a0)):
                         moved += 1
-                    a = a.cpu().reshape(-1, case.width)
-                    for p, rows in compared:
-                        if rows is None:
-                            cpu_diff += int(not torch.equal(a[p], a_cpu[p]))
-                            continue
-                        if not torch.equal(a[p, rows], a_cpu[p, rows]):
-                            cpu_diff += 1
-                            if cpu_diff <= 3:
-                                r = rows[a[p, rows] != a_cpu[p, rows]]
-                                print(f"  {surface} {fmt}: pair {p} rows {r.tolist()} GPU {a[p, r].tolist()} "
-                                      f"CPU {a_cpu[p, r].tolist()}")
+                    _, messages = argmax_disagreements(checks, a.cpu().reshape(-1, case.width), a_cpu)
+                    for m in messages[:max(0, 3 - cpu_diff)]:
+                        print(f"  {surface} {fmt}: {m}")
+                    cpu_diff += len(messages)
                 print(f"{surface} {fmt}: {reps} calls, {moved} differ from the first, "
                       f"{cpu_diff} pair(s) differ from the CPU backend")
                 failures += moved + cpu_diff
