@@ -487,13 +487,16 @@ def argmax_disagreements(checks, a_gpu, a_cpu):
 def test_argmax_matches_cpu_backend(ops, surface, fmt):
     """Same argmax as the CPU backend wherever the best similarity is clear of the runner-up
     by more than both backends' rounding."""
+    if "cpu" not in BACKENDS:
+        # `cli.py ab` builds the CUDA variant alone (MAXSIM_TEST_BACKENDS=cuda); loading a CPU
+        # build that is not there failed this test in its test step twice, read at first as
+        # an intermittent GPU fault (2026-11-28)
+        pytest.skip("the CPU backend is not built in this run (MAXSIM_TEST_BACKENDS)")
     cpu_ops = importlib.import_module(load_kernel("cpu").__name__ + "._ops").ops
     gen = torch.Generator().manual_seed(41)
     case = Case(surface, fmt, torch.float32, 96, 12, gen).cuda_inputs()
     _, a_gpu = case.forward(ops, True)
-    # a second call over poisoned memory: the GPU's answer is its own (seen once, 2026-11-28:
-    # this test failed on padded-int8 and passed on the reruns; the detail below says which
-    # side moved if it happens again)
+    # a second call over poisoned memory: the GPU's answer is its own
     poison(a_gpu)
     _, a_again = case.forward(ops, True)
     assert torch.equal(a_gpu, a_again)

@@ -207,6 +207,68 @@ def test_unsorted_offsets(ms, monkeypatch, rng):
     assert (a_h[good] == a_m[good]).float().mean() > 0.99
 
 
+# ---- a short last tile's window -------------------------------------------------------------
+# A document's last tile with fewer rows than its MMA takes (32, 64 or 128 wide) is loaded from
+# len - width on, so that the MMA covers document rows only and the fold needs no mask; the
+# rows before the tile's start were folded in the tile before and come again. Lengths: 180
+# (a 52-row tail, 64 wide: 12 rows again), 150 (22 rows: 32 wide on the bounded grid at one
+# CTA an SM, else 64 wide: 42 rows again, or left in place where that needs another 32-row
+# box), 240 (112 rows: 128 wide) and 200 (72 rows: 128 wide, or in place on the bounded grid,
+# whose window would take a fourth box).
+WINDOW_LENS = [180, 150, 240, 200]
+# (row, earlier row it repeats): a repeated row tying an earlier one (the earlier wins), and a
+# later row tying a repeated one (the repeated one wins)
+WINDOW_TIES = {180: [(120, 10), (170, 125)], 150: [(130, 3), (149, 140)], 240: [(120, 2), (230, 126)],
+               200: [(100, 90), (199, 127)]}
+# (NaN row, later NaN row): the first, in the repeated rows, is every query row's argmax
+WINDOW_NANS = {180: (125, 170), 150: (140, 149), 240: (126, 230), 200: (127, 199)}
+
+
+def _window_case(rng, surface, dim, values):
+    if surface == "contrastive":
+        return make_contrastive(rng, 3, 32, WINDOW_LENS, dim, dtype=torch.float16, device="cuda", q_lens=None,
+                                values=values)
+    return make_padded(rng, 2, 4, 32, 240, dim, dtype=torch.float16, device="cuda",
+                       d_lens=[WINDOW_LENS, WINDOW_LENS[::-1]], q_lens=[32, 32], values=values)
+
+
+def _window_rows(case, surface):
+    """(document tensor view of each document's rows, its length), every document."""
+    if surface == "contrastive":
+        off = case.document_offsets.tolist()
+        return [(case.documents[off[k]:off[k + 1]], off[k + 1] - off[k]) for k in range(len(off) - 1)]
+    return [(case.documents[b, c], int(case.doc_lengths[b, c]))
+            for b in range(case.documents.shape[0]) for c in range(case.documents.shape[1])]
+
+
+@pytest.mark.parametrize("dim", [128, 256])
+@pytest.mark.parametrize("surface,ctas", [("contrastive", None), ("padded", "2"), ("padded", "1"),
+                                          ("padded", "2-resident"), ("padded", "1-resident")])
+def test_last_tile_window_repeats_rows(ms, monkeypatch, rng, surface, ctas, dim):
+    """Rows a last tile's window repeats change nothing: exact ties (lattice values) between a
+    repeated row and an earlier or a later one go to the lower row, bit for bit as the
+    reference and the mma.sync kernels have them; a NaN in a repeated row is the argmax of
+    every query row even with a later NaN in the window."""
+    if ctas is not None:
+        strided_shape(monkeypatch, ctas)
+    case = _window_case(rng, surface, dim, lattice)
+    for rows, n in _window_rows(case, surface):
+        for row, earlier in WINDOW_TIES[n]:
+            rows[row] = rows[earlier]
+    assert_exact_ties(ms, monkeypatch, case)
+    case = _window_case(rng, surface, dim, unit)
+    for rows, n in _window_rows(case, surface):
+        for row in WINDOW_NANS[n]:
+            rows[row, 7] = float("nan")
+    (s_h, a_h), (s_m, a_m) = both_paths(monkeypatch, lambda: case.call(ms, "_with_argmax"))
+    assert s_h.isnan().all() and s_m.isnan().all()
+    first = [WINDOW_NANS[n][0] for _, n in _window_rows(case, surface)]
+    expected = torch.tensor(first, device="cuda")
+    expected = expected.expand(s_h.shape) if surface == "contrastive" else expected.reshape(s_h.shape)
+    assert (a_h == expected[..., None]).all(), a_h[..., 0].tolist()
+    assert torch.equal(a_h, a_m)
+
+
 # ---- padded (rerank) surface ----------------------------------------------------------------
 # One consumer warpgroup per CTA, each step its own query and document (steps strided over the
 # CTAs), the query chunk in every ring slot. Bounded loads: a document's last tile arrives as

@@ -198,20 +198,25 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
       // N = 32 only on the bounded-load (padded) grid, where the contrastive shapes are left
       // as they were measured, and at one CTA per SM: its 16 accumulators get registers of
       // their own (184 in all); at two CTAs per SM (capped at 168) ptxas then spills.
+      // (tile_mma_rows holds the rule; these say which MMAs exist in the shape at all.)
+      // A last tile's window ends at its document's last row where the document is long
+      // enough (tail_back), so left is then the MMA's width and the fold takes no mask.
       constexpr bool kNarrow = !Shape::kStream || C == 1;
       constexpr bool kNarrow32 = kNarrow && Policy::kBoundedLoads && Shape::kCtasPerSm == 1;
-      if (kNarrow32 && work && left <= 32) {
+      const int mma_rows = tile_mma_rows<Shape, Policy>(left);
+      const int first = info.first_row(BN);
+      if (kNarrow32 && work && mma_rows == 32) {
         float acc[1][4][4];
         it = hopper_tile_mma<T, Shape, 32>(sm, acc[0], g, qblock, it, nk);
-        row_max.fold(acc, lane, 0, left, info.tile * BN, hp.ep.with_argmax);
-      } else if (kNarrow && work && left <= 64) {
+        row_max.fold(acc, lane, 0, left, first, hp.ep.with_argmax);
+      } else if (kNarrow && work && mma_rows == 64) {
         float acc[1][8][4];
         it = hopper_tile_mma<T, Shape, 64>(sm, acc[0], g, qblock, it, nk);
-        row_max.fold(acc, lane, 0, left, info.tile * BN, hp.ep.with_argmax);
+        row_max.fold(acc, lane, 0, left, first, hp.ep.with_argmax);
       } else if (work) {
         float acc[1][Shape::NT][4];
         it = hopper_tile_mma<T, Shape, 128>(sm, acc[0], g, qblock, it, nk);
-        row_max.fold(acc, lane, 0, left, info.tile * BN, hp.ep.with_argmax);
+        row_max.fold(acc, lane, 0, left, first, hp.ep.with_argmax);
       } else {  // nothing to compute here: pass the tile's slots on
         mbar_arrive(smem_addr(&ring.empty[stage]));
         ++it;

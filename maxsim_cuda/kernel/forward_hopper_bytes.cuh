@@ -80,6 +80,7 @@ struct HopperByteShape {
   static constexpr int kQueryBufs = 2;
   static constexpr bool kQueryReuse = true;  // a query is loaded and permuted at kTileQuery only
   static constexpr bool kWiden = false;
+  static constexpr bool kDocsAsA = true;  // 64-row halves of a tile are the MMAs' A operand
   static constexpr int kEmptyArrivals = kSplit * 128;  // every warpgroup reads every slot's TileInfo
   // split steps: warpgroup 0 merges a step's parts while warpgroup 1 goes on to the next
   // step, so the parts alternate between two buffers by step
@@ -163,15 +164,18 @@ struct ColumnMax {
       }
   }
   // H halves' rows of this thread (acc[j] and sc[j] from half H0 + j; local rows row0 +
-  // {0, 8} + 64 * half, increasing), scaled, rows at or past `left` masked by select.
-  template <int H0, int H, bool MASK, bool INDEX>
-  __device__ __forceinline__ void fold(const float (&acc)[H][NT][4], const float (&sc)[H][2], int row0, int left,
+  // {0, 8} + 64 * half, increasing), scaled, rows at or past `left` masked by select; query
+  // columns NT0 * 8 .. (NT0 + NTC) * 8 (all of them by default; a 32-column chain's
+  // accumulator holds NTC = NT / 2 of them).
+  template <int H0, int H, bool MASK, bool INDEX, int NT0 = 0, int NTC = NT>
+  __device__ __forceinline__ void fold(const float (&acc)[H][NTC][4], const float (&sc)[H][2], int row0, int left,
                                        int col_base) {
+    static_assert(NT0 + NTC <= NT, "columns");
     int col[2 * H];
 #pragma unroll
     for (int k = 0; k < 2 * H; ++k) col[k] = (H0 + k / 2) * 64 + 8 * (k % 2);
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+    for (int nt = 0; nt < NTC; ++nt)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float v[2 * H];
@@ -180,7 +184,7 @@ struct ColumnMax {
           const float x = acc[k / 2][nt][2 * (k % 2) + e] * sc[k / 2][k % 2];
           v[k] = (MASK && row0 + col[k] >= left) ? neg_inf<float>() : x;
         }
-        fold_tile<2 * H, INDEX>(m[nt][e], idx[nt][e], v, col, col_base);
+        fold_tile<2 * H, INDEX>(m[NT0 + nt][e], idx[NT0 + nt][e], v, col, col_base);
       }
   }
   template <int H0, int H, bool MASK>
@@ -190,33 +194,18 @@ struct ColumnMax {
           : fold<H0, H, MASK, false>(acc, sc, row0, left, col_base);
   }
   // Query columns NT0 * 8 .. (NT0 + NTC) * 8 of half H0's rows (acc from an MMA into those
-  // columns alone): per column the same fold_tile as fold<H0, 1>, so the results are its bits.
-  template <int NT0, int NTC, int H0, bool MASK, bool INDEX>
-  __device__ __forceinline__ void fold_columns(const float (&acc)[NTC][4], const float (&sc)[2], int row0, int left,
-                                               int col_base) {
-    const int col[2] = {H0 * 64, H0 * 64 + 8};
-#pragma unroll
-    for (int nt = 0; nt < NTC; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float v[2];
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          const float x = acc[nt][2 * k + e] * sc[k];
-          v[k] = (MASK && row0 + col[k] >= left) ? neg_inf<float>() : x;
-        }
-        fold_tile<2, INDEX>(m[NT0 + nt][e], idx[NT0 + nt][e], v, col, col_base);
-      }
-  }
+  // columns alone): fold's per-column work, so the results are its bits.
   template <int NT0, int NTC, int H0>
   __device__ __forceinline__ void fold_columns(const float (&acc)[NTC][4], const float (&sc)[2], int row0, int left,
                                                int col_base, bool mask, bool index) {
+    const auto& a = reinterpret_cast<const float(&)[1][NTC][4]>(acc);
+    const auto& s = reinterpret_cast<const float(&)[1][2]>(sc);
     if (mask) {
-      index ? fold_columns<NT0, NTC, H0, true, true>(acc, sc, row0, left, col_base)
-            : fold_columns<NT0, NTC, H0, true, false>(acc, sc, row0, left, col_base);
+      index ? fold<H0, 1, true, true, NT0, NTC>(a, s, row0, left, col_base)
+            : fold<H0, 1, true, false, NT0, NTC>(a, s, row0, left, col_base);
     } else {
-      index ? fold_columns<NT0, NTC, H0, false, true>(acc, sc, row0, left, col_base)
-            : fold_columns<NT0, NTC, H0, false, false>(acc, sc, row0, left, col_base);
+      index ? fold<H0, 1, false, true, NT0, NTC>(a, s, row0, left, col_base)
+            : fold<H0, 1, false, false, NT0, NTC>(a, s, row0, left, col_base);
     }
   }
   // The warp's maxima of each column over its lanes' rows (merge_lanes across the eight
@@ -315,7 +304,7 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
       }
       release_after_reads(smem_addr(&sm.ring.empty[stage]));  // the bytes and scales are in registers
       ++it;
-      const int col_base = info.tile * BN + row0;
+      const int col_base = info.first_row(BN) + row0;
       if constexpr (N == 32 && HV == 2) {
         // both halves' MMAs in flight, one fold over the thread's four rows
         float acc[2][NT][4];
@@ -349,6 +338,7 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
                                        index);
         }
       } else if constexpr (N == 64) {
+        static_assert(HV == 2, "every 64-query-row shape has 128-row tiles");
         // 64 query rows: both halves in flight need ~200 registers (the split shape's nine
         // warps are three on some scheduler, which caps a thread at 168), so a half's MMAs run
         // as two 32-column chains into the same 32 accumulator registers, and each fold runs
@@ -373,18 +363,18 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
         wgmma_wait<0>();
         fence_registers(acc_r);
         fence_a(a);
-        if (HV == 2 && two) {
-          widen_half<T, F>(raw[HV - 1], a);
+        if (two) {
+          widen_half<T, F>(raw[1], a);
           chain(acc_l, 0);
           cm.template fold_columns<NC, NC, 0>(acc_r, sc[0], row0, left, col_base, mask0, index);
           chain(acc_r, 32);
           wgmma_wait<1>();
           fence_registers(acc_l);
-          cm.template fold_columns<0, NC, HV - 1>(acc_l, sc[HV - 1], row0, left, col_base, mask1, index);
+          cm.template fold_columns<0, NC, 1>(acc_l, sc[1], row0, left, col_base, mask1, index);
           wgmma_wait<0>();
           fence_registers(acc_r);
           fence_a(a);
-          cm.template fold_columns<NC, NC, HV - 1>(acc_r, sc[HV - 1], row0, left, col_base, mask1, index);
+          cm.template fold_columns<NC, NC, 1>(acc_r, sc[1], row0, left, col_base, mask1, index);
         } else {
           cm.template fold_columns<NC, NC, 0>(acc_r, sc[0], row0, left, col_base, mask0, index);
         }

@@ -50,6 +50,7 @@ struct HopperWidenShape {
   static constexpr int kQueryBufs = 1;
   static constexpr bool kQueryReuse = false;
   static constexpr bool kWiden = true;
+  static constexpr bool kDocsAsA = false;
   static constexpr int kEmptyArrivals = kWidenThreads;
   // the widened ring: the 16-bit tile, then its 128 row scales
   static constexpr uint32_t kWideTileBytes = KB * BN * kRowBytes;

@@ -44,6 +44,7 @@ struct HopperShape {
   // pair grids: consecutive pairs of one query load it once (the consumers follow kTileQuery)
   static constexpr bool kQueryReuse = QBUFS_ > 1;
   static constexpr bool kWiden = false;         // a widening stage between the rings
+  static constexpr bool kDocsAsA = false;       // documents are the MMAs' B operand (N = tile rows)
   static constexpr int kEmptyArrivals = kConsumers * 128;  // arrivals that free a producer slot
   static_assert(KD % 64 == 0 && KB >= 1 && KB <= 2, "KD");
   static_assert(QBUFS_ == 1 || (!STREAM_ && CONSUMERS_ == 1), "several query buffers: resident strided shapes");
@@ -55,9 +56,14 @@ struct HopperShape {
 struct TileInfo {
   int64_t doc, len;  // len: the document's rows (0 when bad)
   int32_t tile;      // index within the document
-  int32_t flags;     // kTileOk: offsets valid; kTileLast: the document's last tile
+  int32_t flags;     // kTileOk: offsets valid; kTileLast: the document's last tile; and back()
   int32_t qlen;      // strided walks (a query per step): the query's length (policy qlen_of)
   int32_t scale_shift;  // byte shape: where the tile's first row scale sits in the slot's scales
+  // Rows the slot starts before row tile * BN: a short last tile's window (tail_back). In
+  // flags' high bits, so that the one shuffle making flags warp-uniform covers it.
+  __device__ __forceinline__ int back() const { return flags >> kTileBackShift; }
+  __device__ __forceinline__ int first_row(int bn) const { return tile * bn - back(); }
+  static constexpr int kTileBackShift = 8;
 };
 // kTileQuery: the step's first tile, when the producer loaded the step a new query (the byte
 // shape's consumers wait for it and permute it; the other shapes load one at every set).
@@ -138,8 +144,25 @@ __device__ __forceinline__ TileInfo next_tile(Ring& ring, int it, int bn, int& l
   info.flags = uniform(info.flags);
   info.scale_shift = uniform(info.scale_shift);
   const int64_t left64 = info.len - int64_t(info.tile) * bn;
-  left = static_cast<int>(left64 < bn ? left64 : bn);
+  left = static_cast<int>(left64 < bn ? left64 : bn) + info.back();
   return info;
+}
+
+// The document rows a tile's MMAs take, given `left` rows of its document in the tile (at most
+// BN): short last tiles get narrower MMAs (64 or, on the bounded-load grids at one CTA an SM,
+// 32 columns), except in the streamed shapes with several consumers (no narrow path there);
+// the byte shape, whose documents are the MMAs' 64-row A operand, takes 64-row halves. The
+// producer moves a short last tile's window back to end at the document's last row by this
+// rule (tail_back) and the consumers pick their MMA by it, so both read it from here.
+template <class Shape, class Policy>
+__device__ __forceinline__ int tile_mma_rows(int left) {
+  if constexpr (Shape::kDocsAsA) {
+    return left <= 64 ? 64 : Shape::BN;
+  } else {
+    constexpr bool narrow = !Shape::kStream || Shape::kConsumers == 1;
+    constexpr bool narrow32 = narrow && Policy::kBoundedLoads && Shape::kCtasPerSm == 1;
+    return narrow32 && left <= 32 ? 32 : narrow && left <= 64 ? 64 : Shape::BN;
+  }
 }
 
 struct WarpgroupSync {

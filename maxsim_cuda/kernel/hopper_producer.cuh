@@ -36,6 +36,21 @@ __device__ __forceinline__ int query_boxes(const HopperParams<Policy>& hp, int64
   }
 }
 
+// How many rows a document's last tile (left < BN of its rows) moves back so that the
+// window its MMAs take (tile_mma_rows) ends at the document's last row: the consumers then
+// fold that window without a mask, at no extra cost in the tensor pipe. The rows it repeats
+// were folded in the tile before, with the same index; max and argmax (ties to the lowest
+// row, NaN included) come out the same for a row seen twice. Not when the document is
+// shorter than the window, nor on the bounded-load grids when the window would take more
+// 32-row boxes than the tile's rows do (the bytes of the rerank are its cost).
+template <class Shape, class Policy>
+__device__ __forceinline__ int tail_back(int64_t len, int left) {
+  const int rows = tile_mma_rows<Shape, Policy>(left);
+  if (left >= rows || len < rows) return 0;
+  if (Policy::kBoundedLoads && (left + kBoxRows - 1) / kBoxRows != rows / kBoxRows) return 0;
+  return rows - left;
+}
+
 // The producer: one lane. Document rows for step s + 1 are read while step s's tiles are
 // issued, so their latency stays off the ring. A tile takes one slot (resident), or one per
 // K-chunk (streamed); a document without rows takes one slot without data. Bounded loads:
@@ -188,16 +203,18 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
     const int64_t ntiles = data ? (cur_len + BN - 1) / BN : 1;
     const int nk = Shape::kStream && data ? hp.kchunks : 1;
     for (int64_t t = 0; t < ntiles; ++t) {
-      const int drow = static_cast<int>(cur_row0 + t * BN);
       const int64_t left = cur_len - t * BN;
+      const int back = data && left < BN ? tail_back<Shape, Policy>(cur_len, static_cast<int>(left)) : 0;
+      const int drow = static_cast<int>(cur_row0 + t * BN - back);
+      const int64_t rows = left + back;  // of the document, from drow on
       // 0: the whole tile as one box
-      const int boxes = Policy::kBoundedLoads && left < BN ? static_cast<int>((left + kBoxRows - 1) / kBoxRows) : 0;
+      const int boxes = Policy::kBoundedLoads && rows < BN ? static_cast<int>((rows + kBoxRows - 1) / kBoxRows) : 0;
       const uint32_t dbytes =
           (boxes > 0 ? Shape::kDocBlocks * uint32_t(boxes) * kBoxBytes : Shape::kDocBytes) + Shape::kScaleBytes;
       const uint32_t tx = !data ? 0u : (Shape::kStream ? qbytes : 0u) + dbytes;
       const TileInfo info{cur_n, cur_len, static_cast<int32_t>(t),
                           (cur_ok ? kTileOk : 0) | (t + 1 == ntiles ? kTileLast : 0) |
-                              (t == 0 && new_query ? kTileQuery : 0),
+                              (t == 0 && new_query ? kTileQuery : 0) | (back << TileInfo::kTileBackShift),
                           cur_qlen, drow & 3};
       for (int kc = 0; kc < nk; ++kc, ++it) {
         const int stage = it % S;

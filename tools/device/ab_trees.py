@@ -193,9 +193,27 @@ GRAD_QUERIES = [
       for n in ("Contrastive", "LongDocs", "BigBatch", "ColPali", "BigColBERT", "DocDoc")),
 ]
 
+# A short last tile's window moved back to end at its document's last row (2026-11-28): the
+# calls whose documents end in such tiles on the sm_90a kernels (training forward with argmax,
+# corpus scoring, int8 through the widening kernel, the streamed dim-256 shapes, the strided
+# rerank shapes in 16 bits and through the byte kernel), and controls without short tails
+# (DocDoc's 1,024-row documents; Contrastive's 80-row ones are shorter than any window).
+TAIL_WINDOW = [
+    *((f"{n} forward (argmax)", {}, lambda ms, n=n: W.raw_training_ops(ms, n)[0])
+      for n in ("BigColBERT", "Contrastive", "DocDoc")),
+    *((f"{n} {lay} {fmt or 'float16'}", {}, lambda ms, n=n, lay=lay, f=fmt: workload_call(ms, n, lay, f))
+      for n, lay, fmt in (("ColBERTCorpus", "ragged", None), ("ColBERTCorpus", "ragged", "int8"),
+                          ("ColPaliCorpus", "ragged", None), ("ColPaliCorpus", "ragged", "int8"),
+                          ("ContrastiveD256", "full", None), ("Rerank", "full", None),
+                          ("RerankD256", "full", None), ("RerankD512", "full", None),
+                          ("HeavyRerank", "ragged", None), ("HeavyRerank", "ragged", "int8"),
+                          ("HeavyRerankPacked", "ragged", "int8"), ("ColPaliRerank", "ragged", "int8"),
+                          ("LongDocStress", "ragged", "int8"))),
+]
+
 GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESIDUAL_PAIRS),
           "grad_documents": GRAD_DOCUMENTS, "bytes": BYTES, "query_load": QUERY_LOAD, "epilogue": EPILOGUE,
-          "grad_queries": GRAD_QUERIES, "bytes_lq64": BYTES_LQ64}
+          "grad_queries": GRAD_QUERIES, "bytes_lq64": BYTES_LQ64, "tail_window": TAIL_WINDOW}
 
 
 def equal(a, b):

@@ -429,7 +429,9 @@ def cmd_ab(args) -> int:
         serialised_mma_warnings()
     keyword = ["-k", args.keyword] if args.keyword else []
     status = note(run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                       *args.tests, *keyword], env=test_env(), tail=4, timeout=args.timeout),
+                       *args.tests, *keyword], env=dict(test_env(), MAXSIM_TEST_BACKENDS="cuda"),
+                      log="tests_candidate.log", tail=4,
+                      timeout=args.timeout),
                   "candidate tests")
     if base_build is not None and base_build.wait() != 0:
         print(Path("/tmp/build_base.log").read_text()[-3000:])
