@@ -414,8 +414,9 @@ def cmd_ab(args) -> int:
     base = Path(args.base)
     if not (ROOT / base / "tools" / "build.py").exists():
         raise SystemExit(f"--base {base}: no tools/build.py there (carry a copy of the other tree)")
-    # the two builds side by side (the wheels setup.sh installs first are the builds' too)
-    if (rc := setup(args, build=False)) != 0:
+    # the two builds side by side (the wheels setup.sh installs first are the builds' too);
+    # the CPU variant first when there are tests (some compare with the CPU backend)
+    if (rc := setup(args, build=False, cpu=bool(args.tests))) != 0:
         return rc
     print(f"+ (cd {base} && python3 tools/build.py --backend cuda) > /tmp/build_base.log &", flush=True)
     base_build = None
@@ -429,8 +430,7 @@ def cmd_ab(args) -> int:
         serialised_mma_warnings()
     keyword = ["-k", args.keyword] if args.keyword else []
     status = note(run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                       *args.tests, *keyword], env=dict(test_env(), MAXSIM_TEST_BACKENDS="cuda"),
-                      log="tests_candidate.log", tail=4,
+                       *args.tests, *keyword], env=test_env(), log="tests_candidate.log", tail=4,
                       timeout=args.timeout),
                   "candidate tests")
     if base_build is not None and base_build.wait() != 0:
