@@ -1,0 +1,77 @@
+"""Fixed cost against per-row cost of few long steps (LongDocStress's grid: B 8, C 16, Lq 64,
+dim 128, one step an SM): GPU time per call (CUDA graphs, us) over document lengths, for
+float16 documents and each compressed format, then a least-squares line time = fixed + per_row
+x Ld per format. Issue 19 asks int8 / e4m3 at 0.6x of float16's time at Ld 1,024; the fit says
+how much of each call no format can shrink (launch, the first tile's latency, the epilogue).
+Run on the GPU machine after a build:
+
+  python3 tools/device/probe_long_steps.py [--lengths 64,128,...] [--json OUT]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools" / "device"))
+from bench_compressed import graph_time_ms  # noqa: E402
+
+FORMATS = ("float16", "int8", "float8_e4m3fn")
+
+
+def fit(xs, ys):
+    """(intercept, slope) of the least-squares line through (xs, ys)."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return my - slope * mx, slope
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lengths", default="64,128,256,384,512,768,1024")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    import kernels
+
+    ms = kernels.get_local_kernel(ROOT, backend="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    B, C, Lq, D = 8, 16, 64, 128
+    lengths = [int(v) for v in args.lengths.split(",")]
+    x = torch.zeros(16, device="cuda")
+    rows = [{"torch add_ (floor)": round(graph_time_ms(lambda: x.add_(1.0)) * 1e3, 2)}]
+    print(json.dumps(rows[0]), flush=True)
+    q = torch.nn.functional.normalize(torch.randn(B, Lq, D, device="cuda", generator=gen), dim=-1).half()
+    ql = torch.full((B,), Lq, device="cuda", dtype=torch.int32)
+    times = {f: [] for f in FORMATS}
+    for ld in lengths:
+        d = torch.nn.functional.normalize(torch.randn(B, C, ld, D, device="cuda", generator=gen), dim=-1)
+        dl = torch.full((B, C), ld, device="cuda", dtype=torch.int32)
+        row = {"Ld": ld}
+        for f in FORMATS:
+            if f == "float16":
+                dh = d.half()
+                call = lambda: ms.score_candidates_padded(q, dh, ql, dl)  # noqa: E731
+            else:
+                v, s = ms.quantize_documents(d, f)
+                call = lambda: ms.score_candidates_padded(q, v, ql, dl, document_scales=s)  # noqa: E731
+            row[f] = round(graph_time_ms(call) * 1e3, 2)
+            times[f].append(row[f])
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    for f in FORMATS:
+        fixed, per_row = fit(lengths, times[f])
+        line = {"format": f, "fixed_us": round(fixed, 2), "us_per_1024_rows": round(per_row * 1024, 2)}
+        rows.append(line)
+        print(json.dumps(line), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
