@@ -487,8 +487,6 @@ def argmax_disagreements(checks, a_gpu, a_cpu):
 def test_argmax_matches_cpu_backend(ops, surface, fmt):
     """Same argmax as the CPU backend wherever the best similarity is clear of the runner-up
     by more than both backends' rounding."""
-    # (`cli.py ab` built no CPU variant until 2026-11-28: this test then failed there on the
-    # missing build, which was read at first as an intermittent GPU fault)
     cpu_ops = importlib.import_module(load_kernel("cpu").__name__ + "._ops").ops
     gen = torch.Generator().manual_seed(41)
     case = Case(surface, fmt, torch.float32, 96, 12, gen).cuda_inputs()
