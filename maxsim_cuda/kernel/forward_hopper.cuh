@@ -198,11 +198,12 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
       // N = 32 only on the bounded-load (padded) grid, where the contrastive shapes are left
       // as they were measured, and at one CTA per SM: its 16 accumulators get registers of
       // their own (184 in all); at two CTAs per SM (capped at 168) ptxas then spills.
-      // (tile_mma_rows holds the rule; these say which MMAs exist in the shape at all.)
-      // A last tile's window ends at its document's last row where the document is long
-      // enough (tail_back), so left is then the MMA's width and the fold takes no mask.
-      constexpr bool kNarrow = !Shape::kStream || C == 1;
-      constexpr bool kNarrow32 = kNarrow && Policy::kBoundedLoads && Shape::kCtasPerSm == 1;
+      // tile_mma_rows holds the rule; asked at 64 and 32 rows, it says which MMAs the shape
+      // has at all. A last tile's window ends at its document's last row where the document is
+      // long enough (tail_back), so left is then the MMA's width and the fold takes no mask.
+      static_assert(!Shape::kDocsAsA, "byte shapes run forward_hopper_bytes.cuh's consumer");
+      constexpr bool kNarrow = tile_mma_rows<Shape, Policy>(64) == 64;
+      constexpr bool kNarrow32 = tile_mma_rows<Shape, Policy>(32) == 32;
       const int mma_rows = tile_mma_rows<Shape, Policy>(left);
       const int first = info.first_row(BN);
       if (kNarrow32 && work && mma_rows == 32) {

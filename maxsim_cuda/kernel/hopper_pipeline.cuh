@@ -155,7 +155,7 @@ __device__ __forceinline__ TileInfo next_tile(Ring& ring, int it, int bn, int& l
 // producer moves a short last tile's window back to end at the document's last row by this
 // rule (tail_back) and the consumers pick their MMA by it, so both read it from here.
 template <class Shape, class Policy>
-__device__ __forceinline__ int tile_mma_rows(int left) {
+__host__ __device__ constexpr int tile_mma_rows(int left) {
   if constexpr (Shape::kDocsAsA) {
     return left <= 64 ? 64 : Shape::BN;
   } else {
