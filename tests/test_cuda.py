@@ -15,7 +15,7 @@ import torch
 
 from conftest import (
     BACKENDS, REF, REPO_ROOT, Contrastive, ContrastivePadded, Padded, SURFACES,
-    as_padded_documents, assert_grads, assert_scores, expected_grads, ids,
+    as_padded_documents, assert_argmax, assert_grads, assert_scores, expected_grads, ids, lattice,
     load_kernel, make_case, make_contrastive, make_packed, make_padded, rounded_as_the_kernels_see_it,
     run_train, unit,
 )
@@ -92,6 +92,59 @@ def test_long_queries_and_documents(ms, lq, ld, dtype):
     torch.testing.assert_close(case.call(ms), scores, rtol=1e-5, atol=1e-4)
     for c, dl in enumerate([ld, ld - 1000]):
         check_pair(scores[0, c].item(), argmax[0, c], case.queries[0], case.documents[0, c, :dl], dtype)
+
+
+# A document of at least BN rows (BN 32, 64 or 128, by kernel shape) is walked in whole tiles:
+# its short last tile starts early, over rows of the tile before, to end at the document's last
+# row. The lengths below leave last tiles of every size against each BN.
+WINDOW_DOC_LENS = [33, 47, 63, 65, 97, 100, 129, 150, 180, 200, 255, 20]
+WINDOW_BNS = (32, 64, 128)
+
+
+def _document_rows(case):
+    """(view of each document's rows, its length), every document of a case."""
+    if isinstance(case, Padded):
+        return [(case.documents[b, c], int(case.doc_lengths[b, c]))
+                for b in range(case.documents.shape[0]) for c in range(case.documents.shape[1])]
+    off = case.document_offsets.tolist()
+    return [(case.documents[off[k]:off[k + 1]], off[k + 1] - off[k]) for k in range(len(off) - 1)]
+
+
+def _window_case(rng, surface, dtype, values):
+    lens = WINDOW_DOC_LENS
+    if surface == "padded":
+        return make_padded(rng, 2, len(lens), 32, max(lens), 128, dtype=dtype, device="cuda",
+                           d_lens=[lens, lens[::-1]], q_lens=[32, 17], values=values)
+    if surface == "contrastive":
+        return make_contrastive(rng, 3, 32, lens, 128, dtype=dtype, device="cuda", q_lens=None, values=values)
+    return make_packed(rng, [32, 9, 40], lens, 128, dtype=dtype, device="cuda", values=values)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("surface", ["padded", "contrastive", "packed"])
+def test_last_tile_rows_taken_again(ms, monkeypatch, rng, surface, dtype):
+    """Rows a short last tile takes again change nothing on the mma.sync and FFMA kernels: with
+    lattice values (exact ties everywhere) the scores are bitwise the reference's and the argmax
+    is the lowest tied row; a NaN in a row taken again is the argmax of every query row, also
+    with a later NaN in the same tile."""
+    monkeypatch.setenv("MAXSIM_CUDA_FORCE_MMA_SYNC", "1")  # sm_90a: keep the calls off its kernels
+    case = _window_case(rng, surface, dtype, lattice)
+    for rows, n in _document_rows(case):
+        for bn in WINDOW_BNS:  # a row taken again ties an earlier one
+            if n > bn and n % bn:
+                rows[n - bn] = rows[(n - bn) // 2]
+    scores, argmax = case.call(ms, "_with_argmax")
+    assert_scores(scores, case, exact=True)
+    assert_argmax(argmax, case, exact=True)
+    case = _window_case(rng, surface, dtype, unit)
+    for k, (rows, n) in enumerate(_document_rows(case)):
+        bn = WINDOW_BNS[k % len(WINDOW_BNS)]
+        if n > bn and n % bn:
+            rows[n - bn, 5] = float("nan")
+            rows[n - 1, 7] = float("nan")
+    scores, argmax = case.call(ms, "_with_argmax")
+    assert_scores(scores, case)
+    assert_argmax(argmax, case, exact=True)
 
 
 def test_long_training_step(ms):

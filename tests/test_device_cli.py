@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import gzip
+import shutil
+import subprocess
 
 import pytest
 
@@ -201,3 +203,17 @@ def test_run_streams_into_the_log_and_prints_the_tail(tmp_path, monkeypatch, cap
     assert (tmp_path / "x.log").read_text() == "line1\nline2\nline3\nline4\n"
     out = capsys.readouterr().out
     assert "line3\nline4\n" in out and "line1" not in out.split("\n", 1)[1]
+
+
+CANDIDATES = REPO_ROOT / "tools" / "device" / "candidates"
+
+
+@pytest.mark.parametrize("patch", sorted(CANDIDATES.glob("*.patch")), ids=lambda p: p.name)
+def test_kernel_candidates_still_apply_and_are_described(patch):
+    """A kernel change kept for a GPU run must still apply to the tree it will be measured on,
+    and its README row must say what it is predicted to do."""
+    assert f"`{patch.name}`" in (CANDIDATES / "README.md").read_text(), f"{patch.name}: no row in README.md"
+    if shutil.which("git") is None or not (REPO_ROOT / ".git").exists():
+        pytest.skip("needs git and a git checkout")
+    r = subprocess.run(["git", "apply", "--check", str(patch)], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, f"{patch.name} no longer applies; rebase it or drop it:\n{r.stderr}"

@@ -211,9 +211,34 @@ TAIL_WINDOW = [
                           ("LongDocStress", "ragged", "int8"))),
 ]
 
+# The tail window on the mma.sync and FFMA kernels (2026-11-28, tools/device/candidates/
+# mma_sync_tail_window.patch): a short last tile of a document of at least BN rows starts early
+# and ends at the document's last row, so its fold takes no mask but its copies read rows again.
+# The calls sm_90a leaves on those kernels (documents under 256 rows: the small reranks, where
+# SmallRerank full is the one row behind a peer), the same kernels forced on longer rows, the
+# FFMA path (float32 under "highest"), int8 and residual tiles, and controls whose documents end
+# on a tile boundary (LongDocStress: 1,024 rows; Ld 256).
+TAIL_WINDOW_MMA = [
+    *((f"{n} {lay} {fmt or 'float16'}", {}, lambda ms, n=n, lay=lay, f=fmt: workload_call(ms, n, lay, f))
+      for n, lay, fmt in (("SmallRerank", "full", None), ("SmallRerank", "ragged", None),
+                          ("SmallRerankPacked", "ragged", None), ("Rerank", "full", None),
+                          ("Rerank", "ragged", None), ("RerankPacked", "ragged", None),
+                          ("SmallRerank", "full", "int8"), ("Rerank", "full", "int8"))),
+    *((f"{n} {lay} float16, mma.sync forced", {MMA: "1"}, lambda ms, n=n, lay=lay: workload_call(ms, n, lay))
+      for n, lay in (("HeavyRerank", "ragged"), ("ColBERTCorpus", "ragged"), ("HeavyRerank", "full"),
+                     ("LongDocStress", "full"))),
+    ("BigColBERT forward (argmax), mma.sync forced", {MMA: "1"}, lambda ms: W.raw_training_ops(ms, "BigColBERT")[0]),
+    *padded_rows([
+        ("Lq 32, Ld 180, 32 x 50, float32 (FFMA)", {}, (32, 50, 32, 180, 128), torch.float32, "plain"),
+        ("Lq 32, Ld 180, 32 x 50, 2 bits, f16 weights", {}, (32, 50, 32, 180, 128), torch.float16, "residual2-f16w"),
+        ("Lq 32, Ld 256, 32 x 50, float32 (FFMA, control)", {}, (32, 50, 32, 256, 128), torch.float32, "plain"),
+    ]),
+]
+
 GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESIDUAL_PAIRS),
           "grad_documents": GRAD_DOCUMENTS, "bytes": BYTES, "query_load": QUERY_LOAD, "epilogue": EPILOGUE,
-          "grad_queries": GRAD_QUERIES, "bytes_lq64": BYTES_LQ64, "tail_window": TAIL_WINDOW}
+          "grad_queries": GRAD_QUERIES, "bytes_lq64": BYTES_LQ64, "tail_window": TAIL_WINDOW,
+          "tail_window_mma": TAIL_WINDOW_MMA}
 
 
 def equal(a, b):
