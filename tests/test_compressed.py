@@ -193,6 +193,32 @@ def test_float8_nan_bytes(device, surface, rng):
     assert_argmax(argmax, expect)
 
 
+@pytest.mark.parametrize("query_dtype", (torch.float16, torch.float32), ids=str)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_padding_never_counts(device, fmt, query_dtype, rng):
+    """Garbage in every padding row of padded queries and documents (NaN and infinite scales,
+    float8 NaN bytes, NaN query rows) changes neither the scores nor the argmax: kernels may
+    read those rows (they are inside the tensors) but must leave them out."""
+    ms, dev = device
+    case = make_padded(rng, 3, 5, 11, 70, 40, device=dev, q_lens=[11, 4, 0],
+                       d_lens=[[70, 0, 65, 1, 33], [64, 63, 70, 2, 40], [70, 70, 17, 64, 5]])
+    run, scales, expect = compress(ms, case, fmt, query_dtype)
+    clean = call(ms, run, scales, "_with_argmax")
+    d_pad = (torch.arange(70) >= case.doc_lengths.cpu()[..., None]).to(dev)
+    q_pad = (torch.arange(11) >= case.query_lengths.cpu()[:, None]).to(dev)
+    bits = run.documents.view(torch.uint8).clone()
+    bits[d_pad] = 0x7F  # int8 127; float8 e4m3fn NaN
+    scales = scales.clone()
+    scales[d_pad] = torch.tensor([float("nan"), float("inf"), -float("inf")], device=dev).repeat(
+        int(d_pad.sum()) // 3 + 1)[:int(d_pad.sum())]
+    queries = run.queries.clone()
+    queries[q_pad] = float("nan")
+    dirty = dataclasses.replace(run, queries=queries, documents=bits.view(run.documents.dtype))
+    scores, argmax = call(ms, dirty, scales, "_with_argmax")
+    assert torch.equal(scores, clean[0]) and torch.equal(argmax, clean[1])
+    assert_scores(scores, expect, input_dtype=query_dtype)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_empty_and_degenerate(device, fmt, rng):
     ms, dev = device

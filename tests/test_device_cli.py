@@ -6,6 +6,7 @@ import csv
 import gzip
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -109,6 +110,60 @@ def test_ab_builds_both_trees_then_times_the_groups(monkeypatch, tmp_path):
     assert CLI.main(["ab", "--base", str(base), "--no-build"]) == 0   # probes; default -k cuda
     assert not any("tools/build.py" in c for cmd in seen for c in cmd)
     assert seen[0][-2:] == ["-k", "cuda"] and any("overhead.py" in c for c in seen[1])
+
+
+def test_ab_with_patches_times_each_candidate_against_this_tree(monkeypatch, tmp_path):
+    """ab --patch: this tree is the base, each patch a candidate tree made on the machine; the
+    candidates build beside the base, their tests run in their own trees, and ab_trees.py
+    times every tree in one process."""
+    monkeypatch.setattr(CLI, "DRY_RUN", False)
+    monkeypatch.setattr(CLI, "setup", lambda args, **kw: 0)
+    monkeypatch.setattr(CLI, "serialised_mma_warnings", lambda: None)
+    made, started, seen = [], [], []
+    monkeypatch.setattr(CLI, "patched_tree", lambda patch, dest: made.append((patch, dest)) or 0)
+
+    class Build:
+        def __init__(self, cmd, cwd, **kw):
+            started.append(cwd)
+
+        def wait(self):
+            return 0
+    monkeypatch.setattr(CLI.subprocess, "Popen", Build)
+    monkeypatch.setattr(CLI, "out_dir", lambda: tmp_path)
+    monkeypatch.setattr(CLI, "run", lambda cmd, **kw: seen.append(([str(c) for c in cmd], kw)) or 0)
+    monkeypatch.chdir(tmp_path)  # the builds' logs
+    assert CLI.main(["ab", "--patch", "tools/device/candidates/a.patch", "--patch", "x/b.patch",
+                     "--tests", "tests/test_cuda.py", "--group", "blind_start"]) == 0
+    trees = [dest for _, dest in made]
+    assert [p.name for p, _ in made] == ["a.patch", "b.patch"] and [t.name for t in trees] == ["a", "b"]
+    assert started == trees   # the candidates build in the background, the base in front
+    build, tests_a, tests_b, ab = seen
+    assert build[0][-2:] == ["--backend", "cuda"] and build[1].get("cwd") is None
+    for (cmd, kw), tree in ((tests_a, trees[0]), (tests_b, trees[1])):
+        assert kw["cwd"] == tree and kw["env"]["LOCAL_KERNELS"].endswith(f"={tree}")
+        assert cmd[-3:] == ["tests/test_cuda.py", "-k", "cuda"]
+    cmd = ab[0]
+    assert cmd[cmd.index("--base") + 1] == "."
+    assert [cmd[i + 1] for i, c in enumerate(cmd) if c == "--tree"] == [f"a={trees[0]}", f"b={trees[1]}"]
+
+
+def test_patched_tree_copies_the_sources_and_applies_the_patch(monkeypatch, tmp_path):
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+    root = tmp_path / "root"
+    (root / "src").mkdir(parents=True)
+    (root / "build").mkdir()
+    (root / "src" / "k.cuh").write_text("int a = 1;\n")
+    (root / "build" / "big.so").write_text("x")
+    (root / "c.patch").write_text("--- a/src/k.cuh\n+++ b/src/k.cuh\n@@ -1 +1 @@\n-int a = 1;\n+int a = 2;\n")
+    monkeypatch.setattr(CLI, "ROOT", root)
+    monkeypatch.setattr(CLI, "DRY_RUN", False)
+    assert CLI.patched_tree(Path("c.patch"), tmp_path / "c") == 0
+    assert (tmp_path / "c" / "src" / "k.cuh").read_text() == "int a = 2;\n"
+    assert (root / "src" / "k.cuh").read_text() == "int a = 1;\n"
+    assert not (tmp_path / "c" / "build").exists()
+    (root / "c.patch").write_text("--- a/src/k.cuh\n+++ b/src/k.cuh\n@@ -1 +1 @@\n-int a = 9;\n+int a = 2;\n")
+    assert CLI.patched_tree(Path("c.patch"), tmp_path / "c") != 0   # a patch that no longer applies
 
 
 def test_no_build_still_builds_a_missing_cpu_variant(monkeypatch):

@@ -1,8 +1,10 @@
-"""GPU time of the same calls on two built trees, alternating in one process (CUDA graphs, as
-bench_compressed.py times them), for kernel changes that no knob switches. Each tree's CUDA
-build is loaded under its own op namespace; every call is made through its public API.
+"""GPU time of the same calls on built trees, alternating in one process (CUDA graphs, as
+bench_compressed.py times them), for kernel changes that no knob switches: a base and one
+candidate (this tree), or several named candidates (--tree NAME=DIR). Each tree's CUDA build
+is loaded under its own op namespace; every call is made through its public API.
 
   python3 tools/device/ab_trees.py --base .base [--group residual[,bytes...]] [--rounds 3]
+  python3 tools/device/ab_trees.py --base . --tree a=/tmp/ab/a --tree b=/tmp/ab/b --group ...
 
 The calls are the shapes a change reaches, named in GROUPS below (one group per change
 measured this way; each row a name, environment settings and a function from a loaded tree
@@ -235,10 +237,31 @@ TAIL_WINDOW_MMA = [
     ]),
 ]
 
+# A blind start for padded calls on the mma.sync kernels (2026-11-28, tools/device/candidates/
+# padded_blind_start.patch): a CTA's first query block and first tile are read while the first
+# step's length reads are in flight. The padded rows sm_90a leaves on those kernels (SmallRerank
+# full is the row behind late-interaction-kernels, Rerank full the one within 1%), int8, e4m3 at
+# 64-row blocks (the shape whose row index once spilled), residual documents, the same kernels
+# forced on HeavyRerank, and the packed forms as controls (no blind start there).
+BLIND_START = [
+    *((f"{n} {lay} {fmt or 'float16'}", {}, lambda ms, n=n, lay=lay, f=fmt: workload_call(ms, n, lay, f))
+      for n, lay, fmt in (("SmallRerank", "full", None), ("SmallRerank", "ragged", None),
+                          ("Rerank", "full", None), ("Rerank", "ragged", None),
+                          ("SmallRerank", "full", "int8"), ("SmallRerankPacked", "ragged", None),
+                          ("RerankPacked", "ragged", None))),
+    *((f"{n} {lay} float16, mma.sync forced", {MMA: "1"}, lambda ms, n=n, lay=lay: workload_call(ms, n, lay))
+      for n, lay in (("HeavyRerank", "full"), ("SingleQueryRerank", "full"))),
+    *padded_rows([
+        ("Lq 48, Ld 180, 32 x 50, fp16 + e4m3 (BM 64)", {}, (32, 50, 48, 180, 128), torch.float16, "float8_e4m3fn"),
+        ("Lq 32, Ld 180, 32 x 10, 2 bits, f16 weights", {}, (32, 10, 32, 180, 128), torch.float16, "residual2-f16w"),
+    ]),
+]
+
 GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESIDUAL_PAIRS),
           "grad_documents": GRAD_DOCUMENTS, "bytes": BYTES, "query_load": QUERY_LOAD, "epilogue": EPILOGUE,
           "grad_queries": GRAD_QUERIES, "bytes_lq64": BYTES_LQ64, "tail_window": TAIL_WINDOW,
-          "tail_window_mma": TAIL_WINDOW_MMA}
+          "tail_window_mma": TAIL_WINDOW_MMA,
+          "blind_start": BLIND_START}
 
 
 def equal(a, b):
@@ -251,6 +274,8 @@ def equal(a, b):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", type=Path, required=True)
+    ap.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
+                    help="a candidate tree, built (repeatable; default: this tree, named candidate)")
     ap.add_argument("--group", default="residual",
                     help=f"one of {', '.join(sorted(GROUPS))}, or several, comma-separated")
     ap.add_argument("--rounds", type=int, default=3)
@@ -258,8 +283,12 @@ def main():
     args = ap.parse_args()
     import kernels
 
+    candidates = [tuple(t.split("=", 1)) for t in args.tree] or [("candidate", ROOT)]
     trees = {"base": kernels.get_local_kernel(args.base, backend="cuda"),
-             "candidate": kernels.get_local_kernel(ROOT, backend="cuda")}
+             **{name: kernels.get_local_kernel(Path(d), backend="cuda") for name, d in candidates}}
+    names = [name for name, _ in candidates]
+    # one candidate named candidate: the keys every stored result has (ratio, bitwise_equal)
+    suffix = (lambda n: "") if names == ["candidate"] else (lambda n: f"_{n}")
     torch.set_float32_matmul_precision("highest")
     rows = []
     groups = args.group.split(",")
@@ -271,7 +300,8 @@ def main():
         os.environ.update(env)
         try:
             calls = {t: make(ms) for t, ms in trees.items()}
-            same = equal(calls["base"](), calls["candidate"]())
+            expected = calls["base"]()
+            same = {n: equal(expected, calls[n]()) for n in names}
             times = {t: [] for t in trees}
             for _ in range(args.rounds):
                 for t, fn in calls.items():
@@ -282,9 +312,10 @@ def main():
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
-        row = {"call": name, "bitwise_equal": same,
+        base_ms = statistics.median(times["base"])
+        row = {"call": name, **{f"bitwise_equal{suffix(n)}": same[n] for n in names},
                **{f"{t}_ms": [round(x, 5) for x in v] for t, v in times.items()},
-               "ratio": statistics.median(times["candidate"]) / statistics.median(times["base"])}
+               **{f"ratio{suffix(n)}": statistics.median(times[n]) / base_ms for n in names}}
         print(json.dumps(row), flush=True)
         rows.append(row)
     if args.json:

@@ -403,6 +403,21 @@ def cmd_bench_distributed(args) -> int:
 
 # ---- ab ------------------------------------------------------------------------------------
 
+def patched_tree(patch: Path, dest: Path) -> int:
+    """A copy of this tree (its sources: no build outputs, carried wheels or other trees) with
+    `patch` applied, at dest; returns the exit status."""
+    print(f"+ copy of the tree with {patch} applied -> {dest}", flush=True)
+    if DRY_RUN:
+        return 0
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(ROOT, dest, symlinks=True, ignore=shutil.ignore_patterns(
+        "build", ".base", ".whl", ".git", ".venv", "__pycache__", ".pytest_cache"))
+    path = str((ROOT / patch).resolve())
+    cmd = ["git", "apply", path] if shutil.which("git") else ["patch", "-p1", "--forward", "-i", path]
+    rc = subprocess.call(cmd, cwd=dest)
+    return note(rc, f"{cmd[0]} {patch}") if rc != 0 else 0
+
+
 def cmd_ab(args) -> int:
     """The working tree (candidate) against another tree (base: a copy of it at another
     commit, carried, e.g. `git worktree add .base HEAD~1` here and carry .base): both built
@@ -410,40 +425,70 @@ def cmd_ab(args) -> int:
     -k cuda), then the same overhead.py probes (--probe, default `kernels split`) in each tree,
     or with --group tools/device/ab_trees.py's calls (both trees in one process), and, with
     --ncu, Nsight Compute of the candidate's kernels as `profile --ncu` does.
+    With --patch (repeatable; tools/device/candidates/*.patch): the working tree is the base
+    and each patch makes a candidate, a copy of it with the patch applied (nothing to carry),
+    all built side by side, the tests run in each candidate, every tree timed in one process.
     Logs: $OUT/probe_candidate.log, probe_base.log (or ab_GROUPS.log and .json)."""
-    base = Path(args.base)
-    if not (ROOT / base / "tools" / "build.py").exists():
-        raise SystemExit(f"--base {base}: no tools/build.py there (carry a copy of the other tree)")
-    # the two builds side by side (the wheels setup.sh installs first are the builds' too);
-    # the CPU variant first when there are tests (some compare with the CPU backend)
+    patches = [Path(p) for p in args.patch]
+    if patches:
+        trees = {p.stem: Path(tempfile.gettempdir()) / "ab_trees" / p.stem for p in patches}
+        base = Path(".")
+    else:
+        trees = {"candidate": ROOT}
+        base = Path(args.base)
+        if not (ROOT / base / "tools" / "build.py").exists():
+            raise SystemExit(f"--base {base}: no tools/build.py there (carry a copy of the other tree)")
+    # the builds side by side (the wheels setup.sh installs first are the builds' too); the CPU
+    # variant first when there are tests (some compare with the CPU backend)
     if (rc := setup(args, build=False, cpu=bool(args.tests))) != 0:
         return rc
-    print(f"+ (cd {base} && python3 tools/build.py --backend cuda) > /tmp/build_base.log &", flush=True)
-    base_build = None
-    if not DRY_RUN:
-        with open("/tmp/build_base.log", "w") as log:
-            base_build = subprocess.Popen([sys.executable, "tools/build.py", "--backend", "cuda"],
-                                          cwd=ROOT / base, stdout=log, stderr=subprocess.STDOUT)
+    others = {"base": ROOT / base} if not patches else {}
+    for name, patch in zip(trees, patches):
+        if (rc := patched_tree(patch, trees[name])) != 0:
+            return rc
+        others[name] = trees[name]
+    background = {}
+    for name, tree in others.items():
+        print(f"+ (cd {tree} && python3 tools/build.py --backend cuda) > /tmp/build_{name}.log &", flush=True)
+        if not DRY_RUN:
+            with open(f"/tmp/build_{name}.log", "w") as log:
+                background[name] = subprocess.Popen([sys.executable, "tools/build.py", "--backend", "cuda"],
+                                                    cwd=tree, stdout=log, stderr=subprocess.STDOUT)
     if not args.no_build:
         if (rc := run([sys.executable, "tools/build.py", "--backend", "cuda"], log="build.log", tail=3)) != 0:
-            return note(rc, "candidate build")
+            return note(rc, "candidate build" if not patches else "base build")
         serialised_mma_warnings()
+    def built(name: str) -> bool:
+        proc = background.pop(name, None)
+        if proc is None or proc.wait() == 0:
+            return True
+        print(Path(f"/tmp/build_{name}.log").read_text()[-3000:])
+        return False
+
+    status = 0
     keyword = ["-k", args.keyword] if args.keyword else []
-    status = note(run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                       *args.tests, *keyword], env=test_env(), log="tests_candidate.log", tail=4,
-                      timeout=args.timeout),
-                  "candidate tests")
-    if base_build is not None and base_build.wait() != 0:
-        print(Path("/tmp/build_base.log").read_text()[-3000:])
+    for name, tree in trees.items():  # the candidates' tests while the base may still build
+        if not built(name):
+            return note(1, f"{name} build")
+        if patches and not DRY_RUN:  # the CPU variant the tests compare with: the base's
+            for variant in (ROOT / "build").glob("torch*-cpu-*"):
+                shutil.copytree(variant, tree / "build" / variant.name, dirs_exist_ok=True)
+        env = dict(test_env(), LOCAL_KERNELS=f"{HUB_ID}={tree}")
+        log = "tests_candidate.log" if not patches else f"tests_{name}.log"
+        status |= note(run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                            *args.tests, *keyword], env=env, log=log, tail=4, timeout=args.timeout, cwd=tree),
+                       f"{name} tests")
+    if not built("base"):
         return note(1, "base build")
     if args.group:
         stem = "ab_" + args.group.replace(",", "_")
-        status |= note(run([sys.executable, DEVICE / "ab_trees.py", "--base", base, "--group", args.group,
+        named = [a for name, tree in trees.items() for a in ("--tree", f"{name}={tree}")] if patches else []
+        status |= note(run([sys.executable, DEVICE / "ab_trees.py", "--base", base, *named, "--group", args.group,
                             "--rounds", str(args.rounds), "--json", out_dir() / f"{stem}.json"],
                            env=test_env(), log=f"{stem}.log", timeout=args.timeout),
                        f"ab_trees.py --group {args.group}")
     else:
-        for name, cwd in (("candidate", ROOT), ("base", ROOT / base)):
+        for name, cwd in (*trees.items(), ("base", ROOT / base)):
             print(f"== {name}", flush=True)
             status |= note(run([sys.executable, DEVICE / "overhead.py", *args.probe.split()], cwd=cwd,
                                log=f"probe_{name}.log"), f"probe {name}")
@@ -626,6 +671,9 @@ def parser() -> argparse.ArgumentParser:
     q = add(sub, "ab", cmd_ab, "the working tree against another tree (A/B)")
     q.add_argument("--base", default=".base", help="the other tree, relative to the root "
                    "(default: .base)")
+    q.add_argument("--patch", action="append", default=[], metavar="FILE",
+                   help="instead of --base: a candidate made on the machine from this tree and the "
+                   "patch (repeatable; tools/device/candidates/*.patch); this tree is then the base")
     q.add_argument("--tests", nargs="+", default=["tests/test_forward.py", "tests/test_argmax.py",
                                                  "tests/test_backward.py"],
                    help="correctness subset run on the candidate (with -k cuda)")
