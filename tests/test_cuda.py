@@ -123,10 +123,10 @@ def _window_case(rng, surface, dtype, values):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("surface", ["padded", "contrastive", "packed"])
 def test_last_tile_rows_taken_again(ms, monkeypatch, rng, surface, dtype):
-    """Rows a short last tile takes again change nothing on the mma.sync and FFMA kernels: with
-    lattice values (exact ties everywhere) the scores are bitwise the reference's and the argmax
-    is the lowest tied row; a NaN in a row taken again is the argmax of every query row, also
-    with a later NaN in the same tile."""
+    """Rows a short last tile may take again (the mma.sync kernels' window; float32 runs the
+    FFMA kernels, which keep a masked tile) change nothing: with lattice values (exact ties
+    everywhere) the scores are bitwise the reference's and the argmax is the lowest tied row; a
+    NaN in such a row is the argmax of every query row, also with a later NaN in the tile."""
     monkeypatch.setenv("MAXSIM_CUDA_FORCE_MMA_SYNC", "1")  # sm_90a: keep the calls off its kernels
     case = _window_case(rng, surface, dtype, lattice)
     for rows, n in _document_rows(case):
