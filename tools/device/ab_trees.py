@@ -257,11 +257,25 @@ BLIND_START = [
     ]),
 ]
 
+# The FFMA residual decode's stash in a conflict-free row order (2026-11-28, tools/device/
+# candidates/residual_ffma_stash.patch): float32 queries (PyLate's, against a colbert-ai
+# index), 1 and 4 bits, 64-row blocks, and dim 384 with float16 queries (dim > 256 decodes on
+# FFMA too). Scores change in their last bits (another summation order): bitwise_equal false.
+RESIDUAL_FFMA = padded_rows([
+    ("1 x 1000 x 300, 2 bits, float32 queries", {}, (1, 1000, 32, 300, 128), torch.float32, "residual2"),
+    ("HeavyRerank, 2 bits, float32 queries", {}, (32, 100, 32, 256, 128), torch.float32, "residual2"),
+    ("1 x 1000 x 300, 4 bits, float32 queries", {}, (1, 1000, 32, 300, 128), torch.float32, "residual4"),
+    ("1 x 1000 x 300, 1 bit, float32 queries", {}, (1, 1000, 32, 300, 128), torch.float32, "residual1"),
+    ("Lq 64 (BM 64), Ld 256, 2 bits, float32 queries", {}, (16, 50, 64, 256, 128), torch.float32, "residual2"),
+    ("dim 384, 2 bits, float16 queries", {}, (8, 50, 32, 180, 384), torch.float16, "residual2-f16w"),
+])
+
 GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESIDUAL_PAIRS),
           "grad_documents": GRAD_DOCUMENTS, "bytes": BYTES, "query_load": QUERY_LOAD, "epilogue": EPILOGUE,
           "grad_queries": GRAD_QUERIES, "bytes_lq64": BYTES_LQ64, "tail_window": TAIL_WINDOW,
           "tail_window_mma": TAIL_WINDOW_MMA,
-          "blind_start": BLIND_START}
+          "blind_start": BLIND_START,
+          "residual_ffma": RESIDUAL_FFMA}
 
 
 def equal(a, b):
