@@ -145,6 +145,14 @@ def test_ab_with_patches_times_each_candidate_against_this_tree(monkeypatch, tmp
     cmd = ab[0]
     assert cmd[cmd.index("--base") + 1] == "."
     assert [cmd[i + 1] for i, c in enumerate(cmd) if c == "--tree"] == [f"a={trees[0]}", f"b={trees[1]}"]
+    # a second call with --no-build keeps a candidate built by the first, makes the other
+    monkeypatch.setattr(CLI.tempfile, "gettempdir", lambda: str(tmp_path))
+    (tmp_path / "ab_trees" / "a" / "build").mkdir(parents=True)
+    made.clear(), started.clear(), seen.clear()
+    assert CLI.main(["ab", "--no-build", "--no-tests", "--patch", "p/a.patch", "--patch", "p/b.patch",
+                     "--group", "blind_start"]) == 0
+    assert [dest.name for _, dest in made] == ["b"] and [t.name for t in started] == ["b"]
+    assert len(seen) == 1 and seen[0][0][1].endswith("ab_trees.py")   # no build, no tests
 
 
 def test_patched_tree_copies_the_sources_and_applies_the_patch(monkeypatch, tmp_path):

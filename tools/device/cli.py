@@ -427,7 +427,8 @@ def cmd_ab(args) -> int:
     --ncu, Nsight Compute of the candidate's kernels as `profile --ncu` does.
     With --patch (repeatable; tools/device/candidates/*.patch): the working tree is the base
     and each patch makes a candidate, a copy of it with the patch applied (nothing to carry),
-    all built side by side, the tests run in each candidate, every tree timed in one process.
+    all built side by side, the tests run in each candidate, every tree timed in one process;
+    with --no-build a candidate tree an earlier call built on the machine is kept as it is.
     Logs: $OUT/probe_candidate.log, probe_base.log (or ab_GROUPS.log and .json)."""
     patches = [Path(p) for p in args.patch]
     if patches:
@@ -440,10 +441,15 @@ def cmd_ab(args) -> int:
             raise SystemExit(f"--base {base}: no tools/build.py there (carry a copy of the other tree)")
     # the builds side by side (the wheels setup.sh installs first are the builds' too); the CPU
     # variant first when there are tests (some compare with the CPU backend)
+    if args.no_tests:
+        args.tests = []
     if (rc := setup(args, build=False, cpu=bool(args.tests))) != 0:
         return rc
     others = {"base": ROOT / base} if not patches else {}
     for name, patch in zip(trees, patches):
+        if args.no_build and (trees[name] / "build").is_dir():
+            print(f"+ {trees[name]}: kept from the last call (--no-build)", flush=True)
+            continue  # a later call on the same machine: the candidate as built then
         if (rc := patched_tree(patch, trees[name])) != 0:
             return rc
         others[name] = trees[name]
@@ -473,6 +479,8 @@ def cmd_ab(args) -> int:
         if patches and not DRY_RUN:  # the CPU variant the tests compare with: the base's
             for variant in (ROOT / "build").glob("torch*-cpu-*"):
                 shutil.copytree(variant, tree / "build" / variant.name, dirs_exist_ok=True)
+        if not args.tests:
+            continue
         env = dict(test_env(), LOCAL_KERNELS=f"{HUB_ID}={tree}")
         log = "tests_candidate.log" if not patches else f"tests_{name}.log"
         status |= note(run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
@@ -677,6 +685,7 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--tests", nargs="+", default=["tests/test_forward.py", "tests/test_argmax.py",
                                                  "tests/test_backward.py"],
                    help="correctness subset run on the candidate (with -k cuda)")
+    q.add_argument("--no-tests", action="store_true", help="time only (e.g. a second call on the same builds)")
     q.add_argument("--keyword", default="cuda", help="the tests' pytest -k ('' for none)")
     q.add_argument("--probe", default="kernels split", help="overhead.py modes run in both trees")
     q.add_argument("--group", help="instead of the probes: tools/device/ab_trees.py's groups of calls "
