@@ -36,7 +36,8 @@ struct KSplit<ML, std::void_t<decltype(ML::kKChunk)>> {
 };
 
 // KC > 0: each tile is walked as ceil(dim / KC) K-chunks (kc innermost); KC == 0: whole tiles.
-template <class Policy, int BM, int BN, int KC = 0>
+// WINDOW: a document's short last tile ends at its last row (tile_back).
+template <class Policy, int BM, int BN, int KC = 0, bool WINDOW = false>
 struct TileStream {
   int64_t s, end;
   int64_t chunk, tile;
@@ -84,8 +85,25 @@ struct TileStream {
       valid = false;
     }
   }
-  __device__ __forceinline__ int64_t tile_row0() const { return d.doc_row0 + tile * BN; }
+  // A document of at least BN rows is walked in whole tiles: its short last tile (left rows,
+  // 0 < left < BN) starts BN - left rows early, so that it ends at the document's last row.
+  // The rows it takes again were folded by the tile before; a repeat changes neither the max
+  // nor, ties going to the lowest index already held, the argmax. The fold then takes no mask,
+  // and the copies read real rows (L2 hits) where they zero-filled. Shorter documents keep
+  // one masked tile. The tensor-core mainloops take it, whose masked fold it saves; not the
+  // K-split ones (their contrastive shape at 128 query rows spilled 4 bytes with it at sm_80),
+  // nor the FFMA one, whose fold is not its cost and whose residual decode would redo rows.
+  static constexpr bool kTailWindow = WINDOW;
+  // The tile's first row within its document, the fold's index base: tile * BN, but at most
+  // load_rows - BN (which only the last tile reaches), and 0 for a document shorter than BN.
+  __device__ __forceinline__ int64_t tile_col0() const {
+    if constexpr (!kTailWindow) return tile * BN;
+    const int64_t c = tile * BN < load_rows - BN ? tile * BN : load_rows - BN;
+    return c > 0 ? c : 0;
+  }
+  __device__ __forceinline__ int64_t tile_row0() const { return d.doc_row0 + tile_col0(); }
   __device__ __forceinline__ int tile_rows() const {
+    if constexpr (kTailWindow) return load_rows >= BN ? BN : static_cast<int>(load_rows);  // shorter: one tile
     const int64_t left = load_rows - tile * BN;
     return static_cast<int>(left < 0 ? 0 : (left > BN ? BN : left));
   }
@@ -171,7 +189,7 @@ __global__ void __launch_bounds__(ML::kThreads, ML::kMinBlocks)
   }
   if constexpr (DecodesResiduals<ML>::value) ml.bind_residual(a.res, a.documents);
 
-  TileStream<Policy, BM, BN, KSplit<ML>::chunk> cons, prod;
+  TileStream<Policy, BM, BN, KSplit<ML>::chunk, !KSPLIT && ML::kPipelined> cons, prod;
   cons.start(pol, range, a.dim);
   prod = cons;
 
@@ -243,9 +261,9 @@ __global__ void __launch_bounds__(ML::kThreads, ML::kMinBlocks)
       if (!prod.valid) allow_dependent_grids();
     }
     if constexpr (KSPLIT) {
-      ml.compute_k(stage, first_k, last_k, cons.tile_rows(), static_cast<int>(cons.tile * BN), a.ep.with_argmax);
+      ml.compute_k(stage, first_k, last_k, cons.tile_rows(), static_cast<int>(cons.tile_col0()), a.ep.with_argmax);
     } else {
-      ml.compute(stage, a.documents, cons.tile_row0(), cons.tile_rows(), static_cast<int>(cons.tile * BN),
+      ml.compute(stage, a.documents, cons.tile_row0(), cons.tile_rows(), static_cast<int>(cons.tile_col0()),
                  a.ep.with_argmax);
     }
     if (cons.tile + 1 == cons.ntiles && last_k) {

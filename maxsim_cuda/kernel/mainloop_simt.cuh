@@ -240,20 +240,29 @@ struct SimtMainloop {
     }
   }
 
+  // Residual chunks hold dimension k of the chunk at row chunk_row(k) = 8 (j % 4) + 2 g + j / 4
+  // (k = 8 g + j), the queries' chunk alike, so the products pair up as before in another
+  // order. In dimension order the four threads of a row, which decode dimensions 8 g + j for
+  // g = 0..3, stored to one bank (row stride DP = 4 mod 32); permuted, a warp's 32 stores of a
+  // j meet 32 banks (8 g + 4 (j / 4) + r). Other formats keep dimension order.
+  static __device__ __forceinline__ int chunk_row(int k) {
+    if constexpr (kResidual) return 8 * (k % 4) + 2 * (k / 8) + (k % 8) / 4;
+    return k;
+  }
   __device__ __forceinline__ void stash(int b, const Acc (&qv)[QL], const Acc (&dv)[DL]) {
     Acc* qs = buf + b * kBuffer;
     Acc* ds = qs + KC * QP;
 #pragma unroll
     for (int i = 0; i < QL; ++i) {
       const int e = threadIdx.x + i * kThreads;
-      qs[(e % KC) * QP + e / KC] = qv[i];
+      qs[chunk_row(e % KC) * QP + e / KC] = qv[i];
     }
     if constexpr (kResidual) {  // dv[8u + j]: dimension 8g + j of local row t / 4 + 64u
       const int g = threadIdx.x % 4, r = threadIdx.x / 4;
 #pragma unroll
       for (int u = 0; u < 2; ++u)
 #pragma unroll
-        for (int j = 0; j < 8; ++j) ds[(8 * g + j) * DP + r + u * kResRowStep] = dv[8 * u + j];
+        for (int j = 0; j < 8; ++j) ds[chunk_row(8 * g + j) * DP + r + u * kResRowStep] = dv[8 * u + j];
     } else {
 #pragma unroll
       for (int i = 0; i < DL; ++i) {

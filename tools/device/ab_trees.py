@@ -213,8 +213,8 @@ TAIL_WINDOW = [
                           ("LongDocStress", "ragged", "int8"))),
 ]
 
-# The tail window on the mma.sync and FFMA kernels (2026-11-28, tools/device/candidates/
-# mma_sync_tail_window.patch): a short last tile of a document of at least BN rows starts early
+# The tail window on the mma.sync kernels (2026-11-28, measured as a candidate patch and landed
+# the same day): a short last tile of a document of at least BN rows starts early
 # and ends at the document's last row, so its fold takes no mask but its copies read rows again.
 # The calls sm_90a leaves on those kernels (documents under 256 rows: the small reranks, where
 # SmallRerank full is the one row behind a peer), the same kernels forced on longer rows, the
@@ -237,8 +237,8 @@ TAIL_WINDOW_MMA = [
     ]),
 ]
 
-# A blind start for padded calls on the mma.sync kernels (2026-11-28, tools/device/candidates/
-# padded_blind_start.patch): a CTA's first query block and first tile are read while the first
+# A blind start for padded calls on the mma.sync kernels (2026-11-28, a candidate patch measured
+# and dropped the same day; in git history at e42bcee): a CTA's first query block and first tile are read while the first
 # step's length reads are in flight. The padded rows sm_90a leaves on those kernels (SmallRerank
 # full is the row behind late-interaction-kernels, Rerank full the one within 1%), int8, e4m3 at
 # 64-row blocks (the shape whose row index once spilled), residual documents, the same kernels
@@ -257,8 +257,8 @@ BLIND_START = [
     ]),
 ]
 
-# The FFMA residual decode's stash in a conflict-free row order (2026-11-28, tools/device/
-# candidates/residual_ffma_stash.patch): float32 queries (PyLate's, against a colbert-ai
+# The FFMA residual decode's stash in a conflict-free row order (2026-11-28, measured as a
+# candidate patch and landed the same day): float32 queries (PyLate's, against a colbert-ai
 # index), 1 and 4 bits, 64-row blocks, and dim 384 with float16 queries (dim > 256 decodes on
 # FFMA too). Scores change in their last bits (another summation order): bitwise_equal false.
 RESIDUAL_FFMA = padded_rows([
