@@ -5,7 +5,10 @@ x Ld per format. Issue 19 asks int8 / e4m3 at 0.6x of float16's time at Ld 1,024
 how much of each call no format can shrink (launch, the first tile's latency, the epilogue).
 Run on the GPU machine after a build:
 
-  python3 tools/device/probe_long_steps.py [--lengths 64,128,...] [--json OUT]
+  python3 tools/device/probe_long_steps.py [--lengths 64,128,...] [--grid B,C] [--lq N] [--json OUT]
+
+The kernel rules' switches (MAXSIM_CUDA_HOPPER_BYTES=0|1, ...) are read per call, so a run under
+one of them times the other kernel on the same grid.
 """
 from __future__ import annotations
 
@@ -35,13 +38,15 @@ def fit(xs, ys):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lengths", default="64,128,256,384,512,768,1024")
+    ap.add_argument("--grid", default="8,16", help="B,C (queries, candidates each); 8,16 is LongDocStress's")
+    ap.add_argument("--lq", type=int, default=64)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     import kernels
 
     ms = kernels.get_local_kernel(ROOT, backend="cuda")
     gen = torch.Generator(device="cuda").manual_seed(0)
-    B, C, Lq, D = 8, 16, 64, 128
+    (B, C), Lq, D = map(int, args.grid.split(",")), args.lq, 128
     lengths = [int(v) for v in args.lengths.split(",")]
     x = torch.zeros(16, device="cuda")
     rows = [{"torch add_ (floor)": round(graph_time_ms(lambda: x.add_(1.0)) * 1e3, 2)}]
