@@ -496,6 +496,16 @@ def make_packed(gen, q_lens, d_lens, D, *, pairs=None, n_pairs=None, dtype=torch
         ids(pq, index_dtype, device), ids(pd, index_dtype, device), max_q_len)
 
 
+def document_views(case: Case) -> list[tuple[torch.Tensor, int]]:
+    """(a view of each document's rows, its length), every document of a case in order: the
+    tensor itself, so a test can write ties or NaN into chosen rows."""
+    if isinstance(case, Padded):
+        return [(case.documents[b, c], int(case.doc_lengths[b, c]))
+                for b in range(case.documents.shape[0]) for c in range(case.documents.shape[1])]
+    off = case.document_offsets.tolist()
+    return [(case.documents[off[k]:off[k + 1]], off[k + 1] - off[k]) for k in range(len(off) - 1)]
+
+
 def as_padded_documents(case: Case) -> Case:
     """A contrastive case handed over with padded documents [Nb, max length, D]: the same
     tokens, the padding full of garbage that would change any result it entered. Other cases

@@ -15,7 +15,7 @@ import torch
 
 from conftest import (
     BACKENDS, REF, REPO_ROOT, Contrastive, ContrastivePadded, Padded, SURFACES,
-    as_padded_documents, assert_argmax, assert_grads, assert_scores, expected_grads, ids, lattice,
+    as_padded_documents, assert_argmax, assert_grads, assert_scores, document_views, expected_grads, ids, lattice,
     load_kernel, make_case, make_contrastive, make_packed, make_padded, rounded_as_the_kernels_see_it,
     run_train, unit,
 )
@@ -101,15 +101,6 @@ WINDOW_DOC_LENS = [33, 47, 63, 65, 97, 100, 129, 150, 180, 200, 255, 20]
 WINDOW_BNS = (32, 64, 128)
 
 
-def _document_rows(case):
-    """(view of each document's rows, its length), every document of a case."""
-    if isinstance(case, Padded):
-        return [(case.documents[b, c], int(case.doc_lengths[b, c]))
-                for b in range(case.documents.shape[0]) for c in range(case.documents.shape[1])]
-    off = case.document_offsets.tolist()
-    return [(case.documents[off[k]:off[k + 1]], off[k + 1] - off[k]) for k in range(len(off) - 1)]
-
-
 def _window_case(rng, surface, dtype, values):
     lens = WINDOW_DOC_LENS
     if surface == "padded":
@@ -129,7 +120,7 @@ def test_last_tile_rows_taken_again(ms, monkeypatch, rng, surface, dtype):
     NaN in such a row is the argmax of every query row, also with a later NaN in the tile."""
     monkeypatch.setenv("MAXSIM_CUDA_FORCE_MMA_SYNC", "1")  # sm_90a: keep the calls off its kernels
     case = _window_case(rng, surface, dtype, lattice)
-    for rows, n in _document_rows(case):
+    for rows, n in document_views(case):
         for bn in WINDOW_BNS:  # a row taken again ties an earlier one
             if n > bn and n % bn:
                 rows[n - bn] = rows[(n - bn) // 2]
@@ -137,7 +128,7 @@ def test_last_tile_rows_taken_again(ms, monkeypatch, rng, surface, dtype):
     assert_scores(scores, case, exact=True)
     assert_argmax(argmax, case, exact=True)
     case = _window_case(rng, surface, dtype, unit)
-    for k, (rows, n) in enumerate(_document_rows(case)):
+    for k, (rows, n) in enumerate(document_views(case)):
         bn = WINDOW_BNS[k % len(WINDOW_BNS)]
         if n > bn and n % bn:
             rows[n - bn, 5] = float("nan")

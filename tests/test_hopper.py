@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from conftest import (
-    BACKENDS, as_padded_documents, assert_argmax, assert_grads, assert_scores, expected_grads, kernel_names,
+    BACKENDS, as_padded_documents, assert_argmax, assert_grads, assert_scores, document_views, expected_grads,
+    kernel_names,
     lattice, load_kernel, make_contrastive, make_packed, make_padded, padded_as_packed, rand_lengths,
     run_train, unit,
 )
@@ -232,15 +233,6 @@ def _window_case(rng, surface, dim, values):
                        d_lens=[WINDOW_LENS, WINDOW_LENS[::-1]], q_lens=[32, 32], values=values)
 
 
-def _window_rows(case, surface):
-    """(document tensor view of each document's rows, its length), every document."""
-    if surface == "contrastive":
-        off = case.document_offsets.tolist()
-        return [(case.documents[off[k]:off[k + 1]], off[k + 1] - off[k]) for k in range(len(off) - 1)]
-    return [(case.documents[b, c], int(case.doc_lengths[b, c]))
-            for b in range(case.documents.shape[0]) for c in range(case.documents.shape[1])]
-
-
 @pytest.mark.parametrize("dim", [128, 256])
 @pytest.mark.parametrize("surface,ctas", [("contrastive", None), ("padded", "2"), ("padded", "1"),
                                           ("padded", "2-resident"), ("padded", "1-resident")])
@@ -252,17 +244,17 @@ def test_last_tile_window_repeats_rows(ms, monkeypatch, rng, surface, ctas, dim)
     if ctas is not None:
         strided_shape(monkeypatch, ctas)
     case = _window_case(rng, surface, dim, lattice)
-    for rows, n in _window_rows(case, surface):
+    for rows, n in document_views(case):
         for row, earlier in WINDOW_TIES[n]:
             rows[row] = rows[earlier]
     assert_exact_ties(ms, monkeypatch, case)
     case = _window_case(rng, surface, dim, unit)
-    for rows, n in _window_rows(case, surface):
+    for rows, n in document_views(case):
         for row in WINDOW_NANS[n]:
             rows[row, 7] = float("nan")
     (s_h, a_h), (s_m, a_m) = both_paths(monkeypatch, lambda: case.call(ms, "_with_argmax"))
     assert s_h.isnan().all() and s_m.isnan().all()
-    first = [WINDOW_NANS[n][0] for _, n in _window_rows(case, surface)]
+    first = [WINDOW_NANS[n][0] for _, n in document_views(case)]
     expected = torch.tensor(first, device="cuda")
     expected = expected.expand(s_h.shape) if surface == "contrastive" else expected.reshape(s_h.shape)
     assert (a_h == expected[..., None]).all(), a_h[..., 0].tolist()
