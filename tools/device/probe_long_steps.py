@@ -5,7 +5,8 @@ x Ld per format. Issue 19 asks int8 / e4m3 at 0.6x of float16's time at Ld 1,024
 how much of each call no format can shrink (launch, the first tile's latency, the epilogue).
 Run on the GPU machine after a build:
 
-  python3 tools/device/probe_long_steps.py [--lengths 64,128,...] [--grid B,C] [--lq N] [--json OUT]
+  python3 tools/device/probe_long_steps.py [--lengths 64,128,...] [--grid B,C] [--lq N]
+      [--surface padded|packed] [--json OUT]
 
 The kernel rules' switches (MAXSIM_CUDA_HOPPER_BYTES=0|1, ...) are read per call, so a run under
 one of them times the other kernel on the same grid.
@@ -35,11 +36,32 @@ def fit(xs, ys):
     return my - slope * mx, slope
 
 
+def scorer(ms, surface, q, ql, d, dl, fmt):
+    """A no-argument call scoring every (query b, candidate c) pair of the grid, padded or
+    packed, with the documents in `fmt`."""
+    B, C, Ld, D = d.shape
+    docs, scales = (d.half(), None) if fmt == "float16" else ms.quantize_documents(d, fmt)
+    extra = {} if scales is None else {"document_scales": scales}
+    if surface == "padded":
+        return lambda: ms.score_candidates_padded(q, docs, ql, dl, **extra)
+    Lq = q.shape[1]
+    qoffs = torch.arange(0, (B + 1) * Lq, Lq, device=q.device)
+    doffs = torch.arange(0, (B * C + 1) * Ld, Ld, device=q.device)
+    pq = torch.arange(B, device=q.device).repeat_interleave(C)
+    pd = torch.arange(B * C, device=q.device)
+    flat_q, flat_d = q.reshape(B * Lq, D), docs.reshape(B * C * Ld, D)
+    if scales is not None:
+        extra["document_scales"] = scales.reshape(B * C * Ld)
+    return lambda: ms.score_pairs_packed(flat_q, qoffs, flat_d, doffs, pq, pd, max_q_len=Lq, **extra)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lengths", default="64,128,256,384,512,768,1024")
     ap.add_argument("--grid", default="8,16", help="B,C (queries, candidates each); 8,16 is LongDocStress's")
     ap.add_argument("--lq", type=int, default=64)
+    ap.add_argument("--surface", choices=("padded", "packed"), default="padded",
+                    help="packed: the same tokens as B queries, B x C documents and B x C pairs (max_q_len given)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     import kernels
@@ -59,12 +81,7 @@ def main():
         dl = torch.full((B, C), ld, device="cuda", dtype=torch.int32)
         row = {"Ld": ld}
         for f in FORMATS:
-            if f == "float16":
-                dh = d.half()
-                call = lambda: ms.score_candidates_padded(q, dh, ql, dl)  # noqa: E731
-            else:
-                v, s = ms.quantize_documents(d, f)
-                call = lambda: ms.score_candidates_padded(q, v, ql, dl, document_scales=s)  # noqa: E731
+            call = scorer(ms, args.surface, q, ql, d, dl, f)
             row[f] = round(graph_time_ms(call) * 1e3, 2)
             times[f].append(row[f])
         rows.append(row)
