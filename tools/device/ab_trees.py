@@ -270,12 +270,48 @@ RESIDUAL_FFMA = padded_rows([
     ("dim 384, 2 bits, float16 queries", {}, (8, 50, 32, 180, 384), torch.float16, "residual2-f16w"),
 ])
 
+def packed_float32(ms, B, C, Lq, Ld, D):
+    """The padded grid (B, C, Lq, Ld, D) in float32 as B x C packed pairs (max_q_len given)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(B * Lq, D, device="cuda", generator=gen)
+    d = torch.randn(B * C * Ld, D, device="cuda", generator=gen)
+    qoffs = torch.arange(0, (B + 1) * Lq, Lq, device="cuda")
+    doffs = torch.arange(0, (B * C + 1) * Ld, Ld, device="cuda")
+    pq = torch.arange(B, device="cuda").repeat_interleave(C)
+    pd = torch.arange(B * C, device="cuda")
+    return lambda: ms.score_pairs_packed(q, qoffs, d, doffs, pq, pd, max_q_len=Lq)
+
+
+# Two CTAs an SM for the FFMA mainloop at 32 query rows (2026-11-28, tools/device/candidates/
+# simt_two_ctas.patch): padded and packed calls with float32 queries (float, int8 and residual
+# documents) and the FFMA residual decode's float16-query shape, then controls on shapes the
+# patch leaves at one CTA an SM (64 query rows; float64).
+FFMA_TWO_CTAS = [
+    *padded_rows([
+        ("Lq 32, Ld 180, 32 x 50, float32 (FFMA)", {}, (32, 50, 32, 180, 128), torch.float32, "plain"),
+        ("Lq 32, Ld 180, 32 x 10, float32", {}, (32, 10, 32, 180, 128), torch.float32, "plain"),
+        ("HeavyRerank fp32 (FFMA)", {}, (32, 100, 32, 256, 128), torch.float32, "plain"),
+        ("1 x 1000 x 300, float32", {}, (1, 1000, 32, 300, 128), torch.float32, "plain"),
+        ("HeavyRerank fp32 + int8 (FFMA)", {}, (32, 100, 32, 256, 128), torch.float32, "int8"),
+        ("1 x 1000 x 300, 2 bits, float32 queries", {}, (1, 1000, 32, 300, 128), torch.float32, "residual2"),
+        ("HeavyRerank, 2 bits, float32 queries", {}, (32, 100, 32, 256, 128), torch.float32, "residual2"),
+        ("dim 384, 2 bits, float16 queries", {}, (8, 50, 32, 180, 384), torch.float16, "residual2-f16w"),
+    ]),
+    ("32 x 50 packed pairs, Lq 32, Ld 180, float32", {}, lambda ms: packed_float32(ms, 32, 50, 32, 180, 128)),
+    *padded_rows([
+        ("Lq 48, Ld 180, 32 x 50, float32 (BM 64, control)", {}, (32, 50, 48, 180, 128), torch.float32, "plain"),
+        ("Lq 32, Ld 180, 8 x 50, float64 (control)", {}, (8, 50, 32, 180, 128), torch.float64, "plain"),
+    ]),
+]
+
+
 GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESIDUAL_PAIRS),
           "grad_documents": GRAD_DOCUMENTS, "bytes": BYTES, "query_load": QUERY_LOAD, "epilogue": EPILOGUE,
           "grad_queries": GRAD_QUERIES, "bytes_lq64": BYTES_LQ64, "tail_window": TAIL_WINDOW,
           "tail_window_mma": TAIL_WINDOW_MMA,
           "blind_start": BLIND_START,
-          "residual_ffma": RESIDUAL_FFMA}
+          "residual_ffma": RESIDUAL_FFMA,
+          "ffma_two_ctas": FFMA_TWO_CTAS}
 
 
 def equal(a, b):
