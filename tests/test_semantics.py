@@ -4,7 +4,8 @@ import torch
 
 from conftest import (
     Contrastive, Packed, Padded, SURFACES, as_padded_documents, assert_argmax, assert_scores,
-    flat_rows, ids, lattice, make_case, make_contrastive, make_packed, make_padded, run_train, score_dtype, unit,
+    flat_rows, ids, lattice, make_case, make_contrastive, make_packed, make_padded, padded_as_packed, run_train,
+    score_dtype, unit,
 )
 
 NAN, INF = float("nan"), float("inf")
@@ -69,6 +70,32 @@ def test_padding_never_counts(device, surface, garbage, dtype, rng):
     assert_bitwise(gd, gd_before, "grad_documents")
     assert (flat_rows(gq)[~q_used.to(dev)] == 0).all()
     assert (flat_rows(gd)[~d_used.to(dev)] == 0).all()
+
+
+# ---- many steps, empty documents among them ------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("surface", ["padded", "packed"])
+def test_empty_documents_among_many_steps(device, surface, dtype, rng):
+    """2,400 pairs with every other document empty and some of one row. On a GPU the
+    persistent grid then gives CTAs runs of several steps, many starting on an empty document,
+    whose tile stream goes straight on to the next step's tiles: a load issued for the step it
+    skipped would put one document's rows under another's score. Lattice values, so scores and
+    argmax must be exactly the reference's."""
+    ms, dev = device
+    B, C, Lq, Ld, D = 4, 600, 8, 40, 32
+    d_lens = torch.randint(2, Ld + 1, (B, C), generator=rng)
+    d_lens[:, ::2] = 0
+    d_lens[:, 1::14] = 1
+    q_lens = torch.tensor([Lq, 3, Lq, 5])
+    case = make_padded(rng, B, C, Lq, Ld, D, dtype=dtype, device=dev, q_lens=q_lens, d_lens=d_lens,
+                       values=lattice)
+    if surface == "packed":
+        case = padded_as_packed(case)
+    scores, argmax = case.call(ms, "_with_argmax")
+    assert_scores(scores, case, exact=True)
+    assert_argmax(argmax, case, exact=True)
+    assert_bitwise(case.call(ms, ""), scores, "scores without argmax")
 
 
 # ---- empty segments --------------------------------------------------------------------------------
