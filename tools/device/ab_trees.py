@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_compressed import graph_time_ms  # noqa: E402
+from probe_long_steps import packed_call  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -273,13 +274,9 @@ RESIDUAL_FFMA = padded_rows([
 def packed_float32(ms, B, C, Lq, Ld, D):
     """The padded grid (B, C, Lq, Ld, D) in float32 as B x C packed pairs (max_q_len given)."""
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(B * Lq, D, device="cuda", generator=gen)
-    d = torch.randn(B * C * Ld, D, device="cuda", generator=gen)
-    qoffs = torch.arange(0, (B + 1) * Lq, Lq, device="cuda")
-    doffs = torch.arange(0, (B * C + 1) * Ld, Ld, device="cuda")
-    pq = torch.arange(B, device="cuda").repeat_interleave(C)
-    pd = torch.arange(B * C, device="cuda")
-    return lambda: ms.score_pairs_packed(q, qoffs, d, doffs, pq, pd, max_q_len=Lq)
+    q = torch.randn(B, Lq, D, device="cuda", generator=gen)
+    d = torch.randn(B, C, Ld, D, device="cuda", generator=gen)
+    return packed_call(ms, q, d)
 
 
 # Two CTAs an SM for the FFMA mainloop at 32 query rows (2026-11-28, tools/device/candidates/
@@ -293,10 +290,10 @@ FFMA_TWO_CTAS = [
         ("HeavyRerank fp32 (FFMA)", {}, (32, 100, 32, 256, 128), torch.float32, "plain"),
         ("1 x 1000 x 300, float32", {}, (1, 1000, 32, 300, 128), torch.float32, "plain"),
         ("HeavyRerank fp32 + int8 (FFMA)", {}, (32, 100, 32, 256, 128), torch.float32, "int8"),
-        ("1 x 1000 x 300, 2 bits, float32 queries", {}, (1, 1000, 32, 300, 128), torch.float32, "residual2"),
-        ("HeavyRerank, 2 bits, float32 queries", {}, (32, 100, 32, 256, 128), torch.float32, "residual2"),
-        ("dim 384, 2 bits, float16 queries", {}, (8, 50, 32, 180, 384), torch.float16, "residual2-f16w"),
     ]),
+    *(row for row in RESIDUAL_FFMA if row[0] in ("1 x 1000 x 300, 2 bits, float32 queries",
+                                                 "HeavyRerank, 2 bits, float32 queries",
+                                                 "dim 384, 2 bits, float16 queries")),
     ("32 x 50 packed pairs, Lq 32, Ld 180, float32", {}, lambda ms: packed_float32(ms, 32, 50, 32, 180, 128)),
     *padded_rows([
         ("Lq 48, Ld 180, 32 x 50, float32 (BM 64, control)", {}, (32, 50, 48, 180, 128), torch.float32, "plain"),

@@ -36,23 +36,28 @@ def fit(xs, ys):
     return my - slope * mx, slope
 
 
-def scorer(ms, surface, q, ql, d, dl, fmt):
-    """A no-argument call scoring every (query b, candidate c) pair of the grid, padded or
-    packed, with the documents in `fmt`."""
-    B, C, Ld, D = d.shape
-    docs, scales = (d.half(), None) if fmt == "float16" else ms.quantize_documents(d, fmt)
-    extra = {} if scales is None else {"document_scales": scales}
-    if surface == "padded":
-        return lambda: ms.score_candidates_padded(q, docs, ql, dl, **extra)
+def packed_call(ms, q, docs, scales=None):
+    """A no-argument call scoring the padded grid (queries [B, Lq, D], documents [B, C, Ld, D],
+    every row real) as B x C packed pairs: query b against document b * C + c, max_q_len given."""
+    B, C, Ld, D = docs.shape
     Lq = q.shape[1]
     qoffs = torch.arange(0, (B + 1) * Lq, Lq, device=q.device)
     doffs = torch.arange(0, (B * C + 1) * Ld, Ld, device=q.device)
     pq = torch.arange(B, device=q.device).repeat_interleave(C)
     pd = torch.arange(B * C, device=q.device)
     flat_q, flat_d = q.reshape(B * Lq, D), docs.reshape(B * C * Ld, D)
-    if scales is not None:
-        extra["document_scales"] = scales.reshape(B * C * Ld)
+    extra = {} if scales is None else {"document_scales": scales.reshape(B * C * Ld)}
     return lambda: ms.score_pairs_packed(flat_q, qoffs, flat_d, doffs, pq, pd, max_q_len=Lq, **extra)
+
+
+def scorer(ms, surface, q, ql, d, dl, fmt):
+    """A no-argument call scoring every (query b, candidate c) pair of the grid, padded or
+    packed, with the documents in `fmt`."""
+    docs, scales = (d.half(), None) if fmt == "float16" else ms.quantize_documents(d, fmt)
+    if surface == "packed":
+        return packed_call(ms, q, docs, scales)
+    extra = {} if scales is None else {"document_scales": scales}
+    return lambda: ms.score_candidates_padded(q, docs, ql, dl, **extra)
 
 
 def main():
