@@ -133,7 +133,7 @@ def test_ab_with_patches_times_each_candidate_against_this_tree(monkeypatch, tmp
     monkeypatch.setattr(CLI, "run", lambda cmd, **kw: seen.append(([str(c) for c in cmd], kw)) or 0)
     monkeypatch.chdir(tmp_path)  # the builds' logs
     assert CLI.main(["ab", "--patch", "tools/device/candidates/a.patch", "--patch", "x/b.patch",
-                     "--tests", "tests/test_cuda.py", "--group", "blind_start"]) == 0
+                     "--tests", "tests/test_cuda.py", "--group", "tail_window_mma"]) == 0
     trees = [dest for _, dest in made]
     assert [p.name for p, _ in made] == ["a.patch", "b.patch"] and [t.name for t in trees] == ["a", "b"]
     assert started == trees   # the candidates build in the background, the base in front
@@ -150,7 +150,7 @@ def test_ab_with_patches_times_each_candidate_against_this_tree(monkeypatch, tmp
     (tmp_path / "ab_trees" / "a" / "build").mkdir(parents=True)
     made.clear(), started.clear(), seen.clear()
     assert CLI.main(["ab", "--no-build", "--no-tests", "--patch", "p/a.patch", "--patch", "p/b.patch",
-                     "--group", "blind_start"]) == 0
+                     "--group", "tail_window_mma"]) == 0
     assert [dest.name for _, dest in made] == ["b"] and [t.name for t in started] == ["b"]
     assert len(seen) == 1 and seen[0][0][1].endswith("ab_trees.py")   # no build, no tests
 

@@ -238,26 +238,6 @@ TAIL_WINDOW_MMA = [
     ]),
 ]
 
-# A blind start for padded calls on the mma.sync kernels (2026-11-28, a candidate patch measured
-# and dropped the same day; in git history at e42bcee): a CTA's first query block and first tile are read while the first
-# step's length reads are in flight. The padded rows sm_90a leaves on those kernels (SmallRerank
-# full is the row behind late-interaction-kernels, Rerank full the one within 1%), int8, e4m3 at
-# 64-row blocks (the shape whose row index once spilled), residual documents, the same kernels
-# forced on HeavyRerank, and the packed forms as controls (no blind start there).
-BLIND_START = [
-    *((f"{n} {lay} {fmt or 'float16'}", {}, lambda ms, n=n, lay=lay, f=fmt: workload_call(ms, n, lay, f))
-      for n, lay, fmt in (("SmallRerank", "full", None), ("SmallRerank", "ragged", None),
-                          ("Rerank", "full", None), ("Rerank", "ragged", None),
-                          ("SmallRerank", "full", "int8"), ("SmallRerankPacked", "ragged", None),
-                          ("RerankPacked", "ragged", None))),
-    *((f"{n} {lay} float16, mma.sync forced", {MMA: "1"}, lambda ms, n=n, lay=lay: workload_call(ms, n, lay))
-      for n, lay in (("HeavyRerank", "full"), ("SingleQueryRerank", "full"))),
-    *padded_rows([
-        ("Lq 48, Ld 180, 32 x 50, fp16 + e4m3 (BM 64)", {}, (32, 50, 48, 180, 128), torch.float16, "float8_e4m3fn"),
-        ("Lq 32, Ld 180, 32 x 10, 2 bits, f16 weights", {}, (32, 10, 32, 180, 128), torch.float16, "residual2-f16w"),
-    ]),
-]
-
 # The FFMA residual decode's stash in a conflict-free row order (2026-11-28, measured as a
 # candidate patch and landed the same day): float32 queries (PyLate's, against a colbert-ai
 # index), 1 and 4 bits, 64-row blocks, and dim 384 with float16 queries (dim > 256 decodes on
@@ -306,7 +286,6 @@ GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESI
           "grad_documents": GRAD_DOCUMENTS, "bytes": BYTES, "query_load": QUERY_LOAD, "epilogue": EPILOGUE,
           "grad_queries": GRAD_QUERIES, "bytes_lq64": BYTES_LQ64, "tail_window": TAIL_WINDOW,
           "tail_window_mma": TAIL_WINDOW_MMA,
-          "blind_start": BLIND_START,
           "residual_ffma": RESIDUAL_FFMA,
           "ffma_two_ctas": FFMA_TWO_CTAS}
 
