@@ -480,23 +480,19 @@ inline bool hopper_bytes_applies(const ForwardParams& p) {
          reinterpret_cast<uintptr_t>(p.doc_scales) % 16 == 0 && hopper_call_fits(p);
 }
 
-// Which calls this kernel takes by default. Lq <= 32: all, at any document length. H200, int8,
-// GPU time this kernel (64-row tiles) / mma.sync (2026-11-26): HeavyRerank (Ld 256) 40.4 / 60.7
-// us, Rerank (180) 18.9 / 33.2, SmallRerank (180) 6.6 / 9.9, Ld 64 21.4 / 40.4, ColPaliRerank
-// (1030, 128-row tiles) 44.8 / 62.5. Lq > 32 (64-row query chunks, 128-row tiles): padded calls
-// at any document length too (H200, 2026-11-28, tools/device/probe_long_steps.py, Lq 64, int8,
-// B x C = 8 x 16 (the split shape) and 32 x 16: Ld 64 5.19 / 5.56 and 7.92 / 9.61 us, Ld 256
-// 6.28 / 8.67 and 11.77 / 18.18, Ld 384 7.10 / 10.57 and 14.25 / 24.36); packed calls, not yet
-// measured below it, from kHopperBytesMinDocRows rows on average, the length an H100 run of
-// 2026-11-24 set (LongDocStress (1024) 14.3 / 20.6 us).
-constexpr int64_t kHopperBytesMinDocRows = 300;
-
-// MAXSIM_CUDA_HOPPER_BYTES=1 takes this kernel for every call it applies to, =0 for none
-// (read per call: tests and comparisons); unset, the rule above.
-inline bool hopper_bytes_wanted(const ForwardParams& p) {
+// Which calls this kernel takes by default: every call it applies to. Lq <= 32, H200, int8, GPU
+// time this kernel (64-row tiles) / mma.sync (2026-11-26): HeavyRerank (Ld 256) 40.4 / 60.7 us,
+// Rerank (180) 18.9 / 33.2, SmallRerank (180) 6.6 / 9.9, Ld 64 21.4 / 40.4, ColPaliRerank (1030,
+// 128-row tiles) 44.8 / 62.5. Lq 64 (64-row query chunks, 128-row tiles), H200, int8,
+// tools/device/probe_long_steps.py, B x C = 8 x 16 (the split shape) and 32 x 16 (2026-11-28):
+// padded Ld 64 5.19 / 5.56 and 7.92 / 9.61 us, Ld 256 6.28 / 8.67 and 11.77 / 18.18, Ld 384
+// 7.10 / 10.57 and 14.25 / 24.36; packed Ld 64 5.25 / 5.60 and 7.94 / 10.20, Ld 256 6.40 / 8.59
+// and 11.67 / 18.62, Ld 384 7.12 / 10.64 and 14.15 / 24.37 (packed calls took mma.sync below
+// 300 rows on average until then). MAXSIM_CUDA_HOPPER_BYTES=0 leaves every call to mma.sync
+// (read per call: tests and comparisons); =1, which the comparison scripts set, is the default.
+inline bool hopper_bytes_wanted(const ForwardParams&) {
   const char* e = std::getenv("MAXSIM_CUDA_HOPPER_BYTES");
-  if (e != nullptr && (e[0] == '0' || e[0] == '1')) return e[0] == '1';
-  return p.lq <= 32 || p.surface == Surface::kPadded || average_doc_rows(p) >= kHopperBytesMinDocRows;
+  return e == nullptr || e[0] != '0';
 }
 
 // Lq <= 32: 64-row tiles at three CTAs an SM, or 128-row tiles at two for documents of 512

@@ -167,8 +167,19 @@ __device__ __forceinline__ void take_query(ML& ml, const Stream& cons, Epi& epi,
   cur_chunk = cons.chunk;
 }
 
+// CTAs an SM a kernel instantiation is compiled for: the mainloop's kMinBlocks, or its
+// min_blocks_for<Policy>() where it has one (the register budget depends on the surface).
+template <class ML, class Policy, class = void>
+struct MinBlocks {
+  static constexpr int value = ML::kMinBlocks;
+};
 template <class ML, class Policy>
-__global__ void __launch_bounds__(ML::kThreads, ML::kMinBlocks)
+struct MinBlocks<ML, Policy, std::void_t<decltype(ML::template min_blocks_for<Policy>())>> {
+  static constexpr int value = ML::template min_blocks_for<Policy>();
+};
+
+template <class ML, class Policy>
+__global__ void __launch_bounds__(ML::kThreads, MinBlocks<ML, Policy>::value)
     maxsim_forward_kernel(const Policy pol, const FwdArgs<typename ML::Elem, typename ML::DocT> a) {
   using T = typename ML::Elem;
   using Acc = typename ML::Acc;
@@ -287,6 +298,7 @@ cudaError_t run_forward(const Policy& pol, const FwdArgs<typename ML::Elem, type
   int occ = 1;
   const cudaError_t err = resident_ctas<kern>(ML::kThreads, smem, 1 << 30, occ);
   if (err != cudaSuccess) return err;
+  if constexpr (MinBlocks<ML, Policy>::value > ML::kMinBlocks) occ = shared_sm_ctas(steps, num_sms, occ);
   const int64_t ctas = plan_ctas(steps, num_sms, occ);
   return launch_programmatic<kern>(static_cast<unsigned>(ctas), ML::kThreads, smem, stream, pol, a);
 }

@@ -69,6 +69,16 @@ struct SimtMainloop {
   static constexpr bool kResidual = F == DocFormat::kResidual;
   static constexpr int BM = BM_, BN = 128, kStages = 1;
   static constexpr int kThreads = 256, kMinBlocks = 1;
+  // Two CTAs an SM (128 registers a thread) where ptxas fits the shape without spilling: 32
+  // query rows, float32 accumulators, one query a step (padded, packed). At one CTA an SM the
+  // 8 warps leave the next chunk's global loads one chunk of FFMA to hide under; at two, H200
+  // (2026-11-28): float32 HeavyRerank 0.84x the time, with int8 documents 0.70x, 2-bit residual
+  // 0.75-0.77x, bitwise the same (run_forward launches one an SM where that is sooner:
+  // shared_sm_ctas). The contrastive shapes spill at 128 (20 bytes at BM 32, 170 at 64).
+  template <class Policy>
+  static constexpr int min_blocks_for() {
+    return sizeof(Acc_) == 4 && BM_ == 32 && Policy::kOneQueryPerStep ? 2 : kMinBlocks;
+  }
   static constexpr int TM = BM / 16, TN = 8;
   static constexpr int KC = sizeof(Acc) == 8 ? 16 : 32;
   static constexpr int QP = BM + 4, DP = BN + 4;  // padded strides (16-byte aligned rows)

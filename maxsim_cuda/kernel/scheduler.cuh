@@ -60,6 +60,19 @@ inline int64_t plan_ctas(int64_t steps, int num_sms, int ctas_per_sm) {
   return steps < resident ? steps : resident;
 }
 
+// Host side: CTAs an SM for a kernel compiled to share an SM (`resident` of them fit) whose
+// co-resident CTAs each run a step about 5/3 as long as one CTA alone does (the FFMA mainloop
+// at two an SM, H200, 2026-11-28, tools/device/ab_trees.py --group ffma_two_ctas). Sharing
+// loses where the steps fill two waves of single CTAs and part of a third (320 and 384 steps
+// on 132 SMs: three steps alone beat two shared by 1.11x) and gains elsewhere (256 steps
+// 0.85x, 448 0.82x, 608 0.97x, 1,000-3,200 0.70-0.84x), and within one wave either is one step.
+inline int shared_sm_ctas(int64_t steps, int num_sms, int resident) {
+  if (resident < 2) return resident;
+  const int64_t n = num_sms > 0 ? num_sms : 1;
+  const int64_t alone = (steps + n - 1) / n, shared = (steps + 2 * n - 1) / (2 * n);
+  return 3 * alone < 5 * shared ? 1 : resident;
+}
+
 // Host side: resident CTAs per SM of one kernel on the current device (what the device
 // reports, at least 1 and at most `cap`: a grid planned for two per SM that gets one would run
 // in two waves), cached per device and per kernel. Dynamic shared memory past 48 KB is allowed

@@ -266,7 +266,11 @@ def packed_float32(ms, B, C, Lq, Ld, D):
 FFMA_TWO_CTAS = [
     *padded_rows([
         ("Lq 32, Ld 180, 32 x 50, float32 (FFMA)", {}, (32, 50, 32, 180, 128), torch.float32, "plain"),
+        ("Lq 32, Ld 180, 32 x 8, float32 (256 steps)", {}, (32, 8, 32, 180, 128), torch.float32, "plain"),
         ("Lq 32, Ld 180, 32 x 10, float32", {}, (32, 10, 32, 180, 128), torch.float32, "plain"),
+        ("Lq 32, Ld 180, 32 x 12, float32 (384 steps)", {}, (32, 12, 32, 180, 128), torch.float32, "plain"),
+        ("Lq 32, Ld 180, 32 x 14, float32 (448 steps)", {}, (32, 14, 32, 180, 128), torch.float32, "plain"),
+        ("Lq 32, Ld 180, 32 x 19, float32 (608 steps)", {}, (32, 19, 32, 180, 128), torch.float32, "plain"),
         ("HeavyRerank fp32 (FFMA)", {}, (32, 100, 32, 256, 128), torch.float32, "plain"),
         ("1 x 1000 x 300, float32", {}, (1, 1000, 32, 300, 128), torch.float32, "plain"),
         ("HeavyRerank fp32 + int8 (FFMA)", {}, (32, 100, 32, 256, 128), torch.float32, "int8"),
