@@ -286,12 +286,45 @@ FFMA_TWO_CTAS = [
 ]
 
 
+def contrastive_float32(ms, Nq, Lq, Nb, Ld, D, argmax=False):
+    """Every one of Nq float32 queries against Nb packed documents of Ld tokens (FFMA under
+    torch's default "highest" precision)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(Nq, Lq, D, device="cuda", generator=gen)
+    d = torch.randn(Nb * Ld, D, device="cuda", generator=gen)
+    offs = torch.arange(0, (Nb + 1) * Ld, Ld, device="cuda")
+    fn = ms.score_contrastive_with_argmax if argmax else ms.score_contrastive
+    return lambda: fn(q, d, offs)
+
+
+# The FFMA mainloop's chunks by cp.async (2026-11-29, tools/device/candidates/simt_async_copy.patch):
+# float documents with float32 / float64 queries copied element by element into shared memory
+# instead of through registers, and the contrastive shapes at 32 query rows then at two CTAs an
+# SM. The padded / packed rows of ffma_two_ctas, then contrastive float32 calls: colpali-engine's
+# score_multi_vector (one-token queries against packed pages), a PyLate Contrastive step's
+# forward and a BigColBERT-sized one (with argmax), 64-row query blocks; the 64-row and float64
+# rows named controls there take the copies too, and int8 documents (register path) do not.
+FFMA_ASYNC = [
+    *(row for row in FFMA_TWO_CTAS if "int8" not in row[0] and "bits" not in row[0]),
+    ("colpali-engine float32: 640 one-token queries x 256 pages of 1,030", {},
+     lambda ms: contrastive_float32(ms, 640, 1, 256, 1030, 128)),
+    ("PyLate Contrastive float32 forward: 64 x 64, Lq 32, Ld 180 (argmax)", {},
+     lambda ms: contrastive_float32(ms, 64, 32, 64, 180, 128, argmax=True)),
+    ("BigColBERT-sized float32 forward: 128 x 512, Lq 32, Ld 180 (argmax)", {},
+     lambda ms: contrastive_float32(ms, 128, 32, 512, 180, 128, argmax=True)),
+    ("contrastive float32, Lq 64 (BM 64, one CTA an SM): 64 x 256, Ld 180", {},
+     lambda ms: contrastive_float32(ms, 64, 64, 256, 180, 128)),
+    *padded_rows([("HeavyRerank fp32 + int8 (register path, control)", {}, (32, 100, 32, 256, 128),
+                   torch.float32, "int8")]),
+]
+
+
 GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESIDUAL_PAIRS),
           "grad_documents": GRAD_DOCUMENTS, "bytes": BYTES, "query_load": QUERY_LOAD, "epilogue": EPILOGUE,
           "grad_queries": GRAD_QUERIES, "bytes_lq64": BYTES_LQ64, "tail_window": TAIL_WINDOW,
           "tail_window_mma": TAIL_WINDOW_MMA,
           "residual_ffma": RESIDUAL_FFMA,
-          "ffma_two_ctas": FFMA_TWO_CTAS}
+          "ffma_two_ctas": FFMA_TWO_CTAS, "ffma_async": FFMA_ASYNC}
 
 
 def equal(a, b):
