@@ -598,7 +598,7 @@ def test_sm90a_kernel_runs_and_matches_mma_sync(ops, monkeypatch, surface, fmt, 
 
 
 @pytest.mark.parametrize("surface", ("padded", "packed"))
-def test_sm90a_kernel_takes_short_queries_by_default(ops, monkeypatch, surface):
+def test_sm90a_kernel_takes_every_query_length_by_default(ops, monkeypatch, surface):
     """Without knobs the wgmma kernel takes short and long queries at any document length
     (here 40 rows at most, or up to 1,000: ~500 on average), padded and packed."""
     if torch.cuda.get_device_capability() != (9, 0):
