@@ -75,9 +75,19 @@ struct SimtMainloop {
   // (2026-11-28): float32 HeavyRerank 0.84x the time, with int8 documents 0.70x, 2-bit residual
   // 0.75-0.77x, bitwise the same (run_forward launches one an SM where that is sooner:
   // shared_sm_ctas). The contrastive shapes spill at 128 (20 bytes at BM 32, 170 at 64).
+  // Only in the sm_80 and sm_90 code: at sm_86 / sm_89 ptxas (CUDA 13.0) spills the float
+  // padded shape at 128 registers (22 bytes), and those parts' gain is unmeasured, so their
+  // code keeps one CTA an SM (the host's occupancy query then finds one, and shared_sm_ctas
+  // keeps it). The value may differ between compilation passes: __launch_bounds__ is read by
+  // the device pass of each target only.
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 890)
+  static constexpr bool kTwoCtasOnTarget = false;
+#else
+  static constexpr bool kTwoCtasOnTarget = true;
+#endif
   template <class Policy>
   static constexpr int min_blocks_for() {
-    return sizeof(Acc_) == 4 && BM_ == 32 && Policy::kOneQueryPerStep ? 2 : kMinBlocks;
+    return kTwoCtasOnTarget && sizeof(Acc_) == 4 && BM_ == 32 && Policy::kOneQueryPerStep ? 2 : kMinBlocks;
   }
   static constexpr int TM = BM / 16, TN = 8;
   static constexpr int KC = sizeof(Acc) == 8 ? 16 : 32;
