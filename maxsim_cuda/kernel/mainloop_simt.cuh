@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "doc_format.cuh"
 #include "epilogue.cuh"
@@ -57,9 +58,12 @@ __device__ __forceinline__ void load_run(const A* p, A* out) {
 //
 // Per k step a thread reads its TM query values and its 8 document values as 16-byte runs
 // (two runs of four columns, tx * 4 and 64 + tx * 4, so that eight lanes' runs tile 128
-// contiguous bytes: no bank conflict) for 8 * TM FMAs. The next K chunk's global loads are
-// issued into registers before the current chunk's FMAs, so their latency hides under them,
-// and stored into the other of two shared-memory buffers after them: one barrier a chunk.
+// contiguous bytes: no bank conflict) for 8 * TM FMAs. The next K chunk's loads are issued
+// before the current chunk's FMAs, so their latency hides under them, into the other of two
+// shared-memory buffers: one barrier a chunk. Float documents with queries of the
+// accumulator's type copy each element there by cp.async (kAsyncCopy); the other formats
+// widen or decode on the way, so they load into registers and store after the FMAs, which
+// keeps QL + DL values live across them.
 template <class T, class Acc_, int BM_, DocFormat F = DocFormat::kNative>
 struct SimtMainloop {
   using Elem = T;
@@ -74,7 +78,9 @@ struct SimtMainloop {
   // 8 warps leave the next chunk's global loads one chunk of FFMA to hide under; at two, H200
   // (2026-11-28): float32 HeavyRerank 0.84x the time, with int8 documents 0.70x, 2-bit residual
   // 0.75-0.77x, bitwise the same (run_forward launches one an SM where that is sooner:
-  // shared_sm_ctas). The contrastive shapes spill at 128 (20 bytes at BM 32, 170 at 64).
+  // shared_sm_ctas). Contrastive shapes only with asynchronous copies: on the register path
+  // they spill at 128 (20 bytes at BM 32, 170 at 64); without its 20 prefetched values a
+  // thread the float BM 32 shape fits in 125-128 at sm_80 and sm_90a.
   // Only in the sm_80 and sm_90 code: at sm_86 / sm_89 ptxas (CUDA 13.0) spills the float
   // padded shape at 128 registers (22 bytes), and those parts' gain is unmeasured, so their
   // code keeps one CTA an SM (the host's occupancy query then finds one, and shared_sm_ctas
@@ -87,13 +93,19 @@ struct SimtMainloop {
 #endif
   template <class Policy>
   static constexpr int min_blocks_for() {
-    return kTwoCtasOnTarget && sizeof(Acc_) == 4 && BM_ == 32 && Policy::kOneQueryPerStep ? 2 : kMinBlocks;
+    return kTwoCtasOnTarget && sizeof(Acc_) == 4 && BM_ == 32 && (Policy::kOneQueryPerStep || kAsyncCopy) ? 2
+                                                                                                      : kMinBlocks;
   }
   static constexpr int TM = BM / 16, TN = 8;
   static constexpr int KC = sizeof(Acc) == 8 ? 16 : 32;
   static constexpr int QP = BM + 4, DP = BN + 4;  // padded strides (16-byte aligned rows)
   static constexpr int kSlots = 1;
   static constexpr int QL = BM * KC / kThreads, DL = BN * KC / kThreads;  // prefetched values a thread
+  static constexpr bool kAsyncCopy = F == DocFormat::kNative && std::is_same_v<T, Acc_>;
+  // Chunk buffers: the register path stores chunk c + 1 after chunk c's FMAs (two); the
+  // asynchronous one keeps kAsyncChunks - 1 chunks in flight under them.
+  static constexpr int kAsyncChunks = 2;
+  static constexpr int kChunkBuffers = kAsyncCopy ? kAsyncChunks : 2;
   static_assert(BM * KC % kThreads == 0 && TN == 8 && BN == 16 * TN, "thread tile shape");
 
   static constexpr size_t kBuffer = size_t(KC) * (QP + DP);  // one chunk: [KC][QP] then [KC][DP]
@@ -105,10 +117,10 @@ struct SimtMainloop {
   static constexpr int kResRowStep = kThreads / (KC / 8);
   static_assert(!kResidual || (KC == 32 && BN == 2 * kResRowStep && DL == 16), "residual thread map");
   static constexpr size_t smem_bytes() {
-    return 2 * kBuffer * sizeof(Acc) + size_t(BM) * sizeof(int) + kResidualBytes;
+    return kChunkBuffers * kBuffer * sizeof(Acc) + size_t(BM) * sizeof(int) + kResidualBytes;
   }
 
-  Acc* buf;      // two chunk buffers
+  Acc* buf;      // kChunkBuffers chunk buffers
   int* qvalid;   // [BM]
   const T* qbase;  // queries + global row of block row 0 of this chunk * dim
   const float* doc_scales;  // compressed: one per document row
@@ -128,7 +140,7 @@ struct SimtMainloop {
                                        const float* scales = nullptr) {
     doc_scales = scales;
     buf = reinterpret_cast<Acc*>(smem);
-    qvalid = reinterpret_cast<int*>(buf + 2 * kBuffer);
+    qvalid = reinterpret_cast<int*>(buf + kChunkBuffers * kBuffer);
     row_factor = reinterpret_cast<float*>(qvalid + BM);
     weight = row_factor + BN;
     dim = dim_;
@@ -292,16 +304,52 @@ struct SimtMainloop {
     }
   }
 
-  __device__ __forceinline__ void compute(int, const DocT* docs, int64_t row0, int cols_valid, int col_base, bool) {
-    Acc acc[TM][TN];
+  // kAsyncCopy: the K chunk at k0 of the query block and of the tile straight into buffer b,
+  // element by element in stash's layout (zeros past the valid rows and dim: nothing read).
+  __device__ __forceinline__ void copy_chunk(int b, const DocT* docs, int64_t row0, int cols_valid, int64_t k0) {
+    const uint32_t qs = smem_addr(buf + b * kBuffer), ds = qs + uint32_t(KC * QP * sizeof(Acc));
+    const int r0 = threadIdx.x / KC, kk = threadIdx.x % KC;
+    const int64_t k = k0 + kk;
+    const bool k_in = k < dim;
+    const int64_t step = int64_t(kRowStep) * dim;
+    const T* q = qbase + int64_t(r0) * dim + k;
 #pragma unroll
-    for (int r = 0; r < TM; ++r)
+    for (int i = 0; i < QL; ++i) {
+      const bool in = qvalid[r0 + i * kRowStep] && k_in;
+      cp_async_ca_zfill<sizeof(Acc)>(qs + uint32_t((kk * QP + r0 + i * kRowStep) * sizeof(Acc)), q + i * step,
+                                     in ? uint32_t(sizeof(Acc)) : 0u);
+    }
+    const DocT* d = docs + (row0 + r0) * dim + k;
 #pragma unroll
-      for (int c = 0; c < TN; ++c) acc[r][c] = Acc(0);
+    for (int i = 0; i < DL; ++i) {
+      const bool in = r0 + i * kRowStep < cols_valid && k_in;
+      cp_async_ca_zfill<sizeof(Acc)>(ds + uint32_t((kk * DP + r0 + i * kRowStep) * sizeof(Acc)), d + i * step,
+                                     in ? uint32_t(sizeof(Acc)) : 0u);
+    }
+  }
 
+  // One K chunk's products from buffer b into acc.
+  __device__ __forceinline__ void ffma_chunk(Acc (&acc)[TM][TN], int b) const {
+    const Acc* qs = buf + b * kBuffer;
+    const Acc* ds = qs + KC * QP;
+#pragma unroll 4
+    for (int kk = 0; kk < KC; ++kk) {
+      Acc a[TM], b8[TN];
+      load_run<TM>(qs + kk * QP + ty * TM, a);
+      load_run<4>(ds + kk * DP + tx * 4, b8);
+      load_run<4>(ds + kk * DP + BN / 2 + tx * 4, b8 + 4);
+#pragma unroll
+      for (int r = 0; r < TM; ++r)
+#pragma unroll
+        for (int c = 0; c < TN; ++c) acc[r][c] = fma(a[r], b8[c], acc[r][c]);
+    }
+  }
+
+  // The tile's chunks through registers: chunk c + 1 loaded before chunk c's FMAs and stored
+  // into the other buffer after them (which was last read before the previous barrier).
+  __device__ __forceinline__ void chunks_through_registers(Acc (&acc)[TM][TN], const DocT* docs, int64_t row0,
+                                                           int cols_valid) {
     Acc qv[QL], dv[DL];
-    __syncthreads();  // the previous tile's buffers consumed (and qvalid written)
-    if constexpr (kResidual) start_residual_tile(row0, cols_valid);
     fetch(qv, dv, docs, row0, cols_valid, 0);
     stash(0, qv, dv);
     __syncthreads();
@@ -309,22 +357,48 @@ struct SimtMainloop {
     for (int64_t k0 = 0; k0 < dim; k0 += KC, b ^= 1) {
       const bool more = k0 + KC < dim;
       if (more) fetch(qv, dv, docs, row0, cols_valid, k0 + KC);
-      const Acc* qs = buf + b * kBuffer;
-      const Acc* ds = qs + KC * QP;
-#pragma unroll 4
-      for (int kk = 0; kk < KC; ++kk) {
-        Acc a[TM], b8[TN];
-        load_run<TM>(qs + kk * QP + ty * TM, a);
-        load_run<4>(ds + kk * DP + tx * 4, b8);
-        load_run<4>(ds + kk * DP + BN / 2 + tx * 4, b8 + 4);
-#pragma unroll
-        for (int r = 0; r < TM; ++r)
-#pragma unroll
-          for (int c = 0; c < TN; ++c) acc[r][c] = fma(a[r], b8[c], acc[r][c]);
-      }
-      // the other buffer was last read before the previous barrier
+      ffma_chunk(acc, b);
       if (more) stash(b ^ 1, qv, dv);
       __syncthreads();
+    }
+  }
+
+  // The tile's chunks by cp.async, kChunkBuffers - 1 in flight: at chunk c, once it has landed
+  // and every thread is past chunk c - 1's FMAs (the barrier), chunk c + kChunkBuffers - 1
+  // goes to the buffer chunk c - 1 used. One commit group a chunk, empty past the last, so
+  // wait<kChunkBuffers - 2> always means chunk c. The caller's next barrier orders these
+  // reads before the next tile's copies.
+  __device__ __forceinline__ void chunks_async(Acc (&acc)[TM][TN], const DocT* docs, int64_t row0, int cols_valid) {
+    constexpr int NB = kChunkBuffers;
+#pragma unroll
+    for (int c = 0; c < NB - 1; ++c) {
+      if (int64_t(c) * KC < dim) copy_chunk(c, docs, row0, cols_valid, int64_t(c) * KC);
+      cp_async_commit();
+    }
+    int b = 0;
+    for (int64_t k0 = 0; k0 < dim; k0 += KC, b = b + 1 == NB ? 0 : b + 1) {
+      cp_async_wait<NB - 2>();
+      __syncthreads();
+      const int64_t ahead = k0 + int64_t(NB - 1) * KC;
+      if (ahead < dim) copy_chunk(b == 0 ? NB - 1 : b - 1, docs, row0, cols_valid, ahead);
+      cp_async_commit();
+      ffma_chunk(acc, b);
+    }
+  }
+
+  __device__ __forceinline__ void compute(int, const DocT* docs, int64_t row0, int cols_valid, int col_base, bool) {
+    Acc acc[TM][TN];
+#pragma unroll
+    for (int r = 0; r < TM; ++r)
+#pragma unroll
+      for (int c = 0; c < TN; ++c) acc[r][c] = Acc(0);
+
+    __syncthreads();  // the previous tile's buffers consumed (and qvalid written)
+    if constexpr (kResidual) start_residual_tile(row0, cols_valid);
+    if constexpr (kAsyncCopy) {
+      chunks_async(acc, docs, row0, cols_valid);
+    } else {
+      chunks_through_registers(acc, docs, row0, cols_valid);
     }
     if constexpr (kResidual) {
       finish_residual_tile(cols_valid);

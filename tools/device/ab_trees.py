@@ -297,7 +297,7 @@ def contrastive_float32(ms, Nq, Lq, Nb, Ld, D, argmax=False):
     return lambda: fn(q, d, offs)
 
 
-# The FFMA mainloop's chunks by cp.async (2026-11-29, tools/device/candidates/simt_async_copy{,3}.patch):
+# The FFMA mainloop's chunks by cp.async (measured 2026-11-29, landed in the commit after ad6d442):
 # float documents with float32 / float64 queries copied element by element into shared memory
 # instead of through registers, and the contrastive shapes at 32 query rows then at two CTAs an
 # SM. The padded / packed rows of ffma_two_ctas, then contrastive float32 calls: colpali-engine's
