@@ -319,12 +319,29 @@ FFMA_ASYNC = [
 ]
 
 
+# The FFMA async copy's lane map (2026-11-29, tools/device/candidates/simt_sector_copy.patch:
+# a warp copies 4 rows x 8 columns, so its transposed stores meet 32 banks instead of 8 four
+# times) and, on top of it, the 64-row padded / packed float shapes at two CTAs an SM
+# (simt_bm64_two_ctas.patch). Every ffma_async row, then 64-row query blocks (Lq 33-64) at
+# several step counts, padded and packed.
+FFMA_SECTOR = [
+    *FFMA_ASYNC,
+    *padded_rows([
+        ("Lq 48, Ld 180, 32 x 8, float32 (BM 64, 256 steps)", {}, (32, 8, 48, 180, 128), torch.float32, "plain"),
+        ("Lq 64, Ld 180, 32 x 12, float32 (BM 64, 384 steps)", {}, (32, 12, 64, 180, 128), torch.float32, "plain"),
+        ("1 x 1000 x 300, Lq 64, float32 (BM 64)", {}, (1, 1000, 64, 300, 128), torch.float32, "plain"),
+    ]),
+    ("32 x 50 packed pairs, Lq 48, Ld 180, float32 (BM 64)", {}, lambda ms: packed_float32(ms, 32, 50, 48, 180, 128)),
+]
+
+
 GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESIDUAL_PAIRS),
           "grad_documents": GRAD_DOCUMENTS, "bytes": BYTES, "query_load": QUERY_LOAD, "epilogue": EPILOGUE,
           "grad_queries": GRAD_QUERIES, "bytes_lq64": BYTES_LQ64, "tail_window": TAIL_WINDOW,
           "tail_window_mma": TAIL_WINDOW_MMA,
           "residual_ffma": RESIDUAL_FFMA,
-          "ffma_two_ctas": FFMA_TWO_CTAS, "ffma_async": FFMA_ASYNC}
+          "ffma_two_ctas": FFMA_TWO_CTAS, "ffma_async": FFMA_ASYNC,
+          "ffma_sector": FFMA_SECTOR}
 
 
 def equal(a, b):

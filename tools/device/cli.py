@@ -516,7 +516,8 @@ NCU_SUMMARY = (r"Duration|Registers Per|Executed Ipc A|Issue Slots Busy|No Eligi
 def ncu_spec(spec: str, args) -> int:
     """One --ncu SPEC, WORKLOAD[-LAYOUT[-FORMAT]]:once|call:KERNEL_REGEX: `once` = a forward
     and backward of a training workload, `call` = one forward call of a workload in a layout
-    (full or ragged) with float or int8 / float8_e4m3fn documents; the kernels matching the
+    (full or ragged) with float or int8 / float8_e4m3fn documents, or with float32 / float64
+    inputs (FORMAT float32: the FFMA mainloop); the kernels matching the
     regex are profiled (--launch-skip / --launch-count; --warm: caches not flushed, the first
     matching launch skipped). tools/device/sass_runs.py reads the .sass.csv.gz it leaves."""
     try:
