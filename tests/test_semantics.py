@@ -98,6 +98,27 @@ def test_empty_documents_among_many_steps(device, surface, dtype, rng):
     assert_bitwise(case.call(ms, ""), scores, "scores without argmax")
 
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("surface", ["contrastive", "contrastive_padded"])
+def test_every_query_against_many_multi_tile_documents(device, surface, dtype, rng):
+    """Every query against 200 ragged documents of up to 260 rows (three 128-row tiles), dim
+    100 (a partial last K chunk): on a GPU the float32 / float64 FFMA kernel copies each chunk
+    into shared memory while the one before is multiplied, so a CTA runs many steps of several
+    tiles of several chunks through the same two buffers; a chunk read before it landed, or
+    overwritten before it was read, moves a score. Empty and one-row documents among them.
+    Lattice values, so scores and argmax must be exactly the reference's."""
+    ms, dev = device
+    d_lens = torch.randint(1, 261, (200,), generator=rng)
+    d_lens[0], d_lens[3::17], d_lens[5::23] = 260, 0, 1
+    case = make_contrastive(rng, 24, 8, d_lens, 100, dtype=dtype, device=dev, values=lattice)
+    if surface == "contrastive_padded":
+        case = as_padded_documents(case)
+    scores, argmax = case.call(ms, "_with_argmax")
+    assert_scores(scores, case, exact=True)
+    assert_argmax(argmax, case, exact=True)
+    assert_bitwise(case.call(ms, ""), scores, "scores without argmax")
+
 # ---- empty segments --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("surface", SURFACES)
