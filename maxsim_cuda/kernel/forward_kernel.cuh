@@ -298,7 +298,10 @@ cudaError_t run_forward(const Policy& pol, const FwdArgs<typename ML::Elem, type
   int occ = 1;
   const cudaError_t err = resident_ctas<kern>(ML::kThreads, smem, 1 << 30, occ);
   if (err != cudaSuccess) return err;
-  if constexpr (MinBlocks<ML, Policy>::value > ML::kMinBlocks) occ = shared_sm_ctas(steps, num_sms, occ);
+  // (shared_sm_ctas models 256-thread CTAs sharing an SM, as measured; narrower ones take
+  // what is resident)
+  if constexpr (MinBlocks<ML, Policy>::value > ML::kMinBlocks && ML::kThreads == 256)
+    occ = shared_sm_ctas(steps, num_sms, occ);
   const int64_t ctas = plan_ctas(steps, num_sms, occ);
   return launch_programmatic<kern>(static_cast<unsigned>(ctas), ML::kThreads, smem, stream, pol, a);
 }

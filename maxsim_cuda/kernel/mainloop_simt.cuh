@@ -43,9 +43,10 @@ __device__ __forceinline__ void load_run(const A* p, A* out) {
   }
 }
 
-// SIMT FFMA mainloop: 256 threads as 16 x 16, each a TM x 8 register tile. Compressed
-// documents (F) are widened to their exact float values as they enter shared memory, and
-// each similarity is multiplied by its row's scale before it meets the max.
+// SIMT FFMA mainloop: 256 threads as 16 x 16 (128 as 8 x 16: kNarrowCta), each a TM x 8
+// register tile. Compressed documents (F) are widened to their exact float values as they
+// enter shared memory, and each similarity is multiplied by its row's scale before it meets
+// the max.
 //
 // Residual documents (F = kResidual) take this path wherever the tensor-core decode does not
 // apply: float32 queries, centroids of another dtype than the queries' or off 16-byte
@@ -72,20 +73,27 @@ struct SimtMainloop {
   static constexpr bool kPipelined = false;
   static constexpr bool kResidual = F == DocFormat::kResidual;
   static constexpr int BM = BM_, BN = 128, kStages = 1;
-  static constexpr int kThreads = 256, kMinBlocks = 1;
-  // Two CTAs an SM (128 registers a thread) where ptxas fits the shape without spilling: 32
-  // query rows, float32 accumulators, one query a step (padded, packed). At one CTA an SM the
-  // 8 warps leave the next chunk's global loads one chunk of FFMA to hide under; at two, H200
-  // (2026-11-28): float32 HeavyRerank 0.84x the time, with int8 documents 0.70x, 2-bit residual
-  // 0.75-0.77x, bitwise the same (run_forward launches one an SM where that is sooner:
-  // shared_sm_ctas). Contrastive shapes only with asynchronous copies: on the register path
-  // they spill at 128 (20 bytes at BM 32, 170 at 64); without its 20 prefetched values a
-  // thread the float BM 32 shape fits in 125-128 at sm_80 and sm_90a.
-  // Only in the sm_80 and sm_90 code: at sm_86 / sm_89 ptxas (CUDA 13.0) spills the float
-  // padded shape at 128 registers (22 bytes), and those parts' gain is unmeasured, so their
-  // code keeps one CTA an SM (the host's occupancy query then finds one, and shared_sm_ctas
-  // keeps it). The value may differ between compilation passes: __launch_bounds__ is read by
-  // the device pass of each target only.
+  static constexpr bool kAsyncCopy = F == DocFormat::kNative && std::is_same_v<T, Acc_>;
+  // CTA shapes and CTAs an SM, all bitwise the same results (H200 A/B, 2026-11-28 and -29):
+  // - Float32 documents at 32 query rows (kNarrowCta): 128 threads, each a 4 x 8 tile, four
+  //   CTAs an SM. A k step reads 12 values for 32 FMAs where a 2 x 8 tile read 10 for 16, so a
+  //   chunk's shared-memory reads halve and fit under its FMAs; 0.63-0.81x the time of two
+  //   256-thread CTAs on the padded / packed rows.
+  // - Other shapes: 256 threads, TM x 8 tiles. Two CTAs an SM (128 registers a thread) where
+  //   ptxas fits them without spilling: 32 query rows with float32 accumulators and one query a
+  //   step (padded, packed: float32 HeavyRerank 0.84x, with int8 documents 0.70x, 2-bit
+  //   residual 0.75-0.77x); 64 rows of float documents and queries, one query a step, with the
+  //   k loop unrolled by 2 (kFfmaUnroll; by 4 they spill 32 bytes): 0.89-0.94x. The
+  //   contrastive 64-row shapes spill 16 bytes even so and keep one CTA, as do the register
+  //   path's contrastive shapes (20-170 bytes). run_forward launches one 256-thread CTA an SM
+  //   where that is sooner (shared_sm_ctas).
+  // The sm_86 / sm_89 code keeps one 256-thread CTA (two narrow ones): at 128 registers ptxas
+  // (CUDA 13.0) spills the float padded shape there (22 bytes), and those parts' gain is
+  // unmeasured (the host's occupancy query finds what the target's code allows). The value
+  // may differ between compilation passes: __launch_bounds__ is read by the device pass of
+  // each target only.
+  static constexpr bool kNarrowCta = kAsyncCopy && sizeof(Acc_) == 4 && BM_ == 32;
+  static constexpr int kThreads = kNarrowCta ? 128 : 256, kMinBlocks = 1;
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 890)
   static constexpr bool kTwoCtasOnTarget = false;
 #else
@@ -93,19 +101,20 @@ struct SimtMainloop {
 #endif
   template <class Policy>
   static constexpr int min_blocks_for() {
-    return kTwoCtasOnTarget && sizeof(Acc_) == 4 && BM_ == 32 && (Policy::kOneQueryPerStep || kAsyncCopy) ? 2
-                                                                                                      : kMinBlocks;
+    if (kNarrowCta) return kTwoCtasOnTarget ? 4 : 2;
+    if (!kTwoCtasOnTarget || sizeof(Acc_) != 4 || !Policy::kOneQueryPerStep) return kMinBlocks;
+    return BM_ == 32 || (BM_ == 64 && kAsyncCopy) ? 2 : kMinBlocks;
   }
-  static constexpr int TM = BM / 16, TN = 8;
+  static constexpr int kFfmaUnroll = kAsyncCopy && BM_ == 64 && sizeof(Acc_) == 4 ? 2 : 4;
+  static constexpr int TM = BM / (kThreads / 16), TN = 8;
   static constexpr int KC = sizeof(Acc) == 8 ? 16 : 32;
   static constexpr int QP = BM + 4, DP = BN + 4;  // padded strides (16-byte aligned rows)
   static constexpr int kSlots = 1;
   static constexpr int QL = BM * KC / kThreads, DL = BN * KC / kThreads;  // prefetched values a thread
-  static constexpr bool kAsyncCopy = F == DocFormat::kNative && std::is_same_v<T, Acc_>;
-  // Chunk buffers: the register path stores chunk c + 1 after chunk c's FMAs (two); the
-  // asynchronous one keeps kAsyncChunks - 1 chunks in flight under them.
-  static constexpr int kAsyncChunks = 2;
-  static constexpr int kChunkBuffers = kAsyncCopy ? kAsyncChunks : 2;
+  // Two chunk buffers: the register path stores chunk c + 1 after chunk c's FMAs; the
+  // asynchronous one has chunk c + 1 in flight under them (a third buffer, two in flight, was
+  // slower: 2026-11-29).
+  static constexpr int kChunkBuffers = 2;
   static_assert(BM * KC % kThreads == 0 && TN == 8 && BN == 16 * TN, "thread tile shape");
 
   static constexpr size_t kBuffer = size_t(KC) * (QP + DP);  // one chunk: [KC][QP] then [KC][DP]
@@ -245,17 +254,32 @@ struct SimtMainloop {
   // Local column of the thread's c-th document value (increasing with c, as ties need).
   __device__ __forceinline__ int col_of(int c) const { return (c < 4 ? 0 : BN / 2) + tx * 4 + (c & 3); }
 
-  // The K chunk at k0 of the query block and of the tile, into registers (element e of the
-  // thread: row e / KC, column e % KC, so a warp reads whole 32-element row runs). A thread's
-  // elements share one column and step kRowStep rows at a time, so each stream is one base
-  // pointer and one 64-bit stride: with an address per element (64-bit index arithmetic for
-  // each of QL + DL values) ptxas spilled the widening compressed shape at sm_80 - sm_89.
+  // Which elements of a K chunk a thread moves (fetch and stash through registers, copy_chunk
+  // by cp.async): column lane_col() of rows lane_row() + i * kRowStep. A thread's elements
+  // share one column and step kRowStep rows at a time, so each stream is one base pointer and
+  // one 64-bit stride: with an address per element (64-bit index arithmetic for each of QL +
+  // DL values) ptxas spilled the widening compressed shape at sm_80 - sm_89. Through registers
+  // element e of the thread is row e / KC, column e % KC: a warp reads whole 32-element row
+  // runs, as stash's index arithmetic assumes. The 4-byte copies (kSectorCopy) take 4 rows x 8
+  // columns a warp instead (a 32-byte sector of each row): the chunk is stored transposed,
+  // [k][row] with row strides of 4 banks mod 32, so 8 k x 4 rows meet 32 banks where one row's
+  // 32 k met 8 of them four times (0.98-0.99x on the FFMA rows, H200, 2026-11-29).
   static constexpr int kRowStep = kThreads / KC;
   static_assert(kThreads % KC == 0, "a thread's elements share a column");
+  static constexpr bool kSectorCopy =
+      kAsyncCopy && sizeof(Acc) == 4 && KC == 32 && kThreads % 128 == 0 && QP % 32 == 4 && DP % 32 == 4;
+  static __device__ __forceinline__ int lane_row() {
+    return kSectorCopy ? (threadIdx.x % 32) / 8 + 4 * (threadIdx.x / 128) : int(threadIdx.x) / KC;
+  }
+  static __device__ __forceinline__ int lane_col() {
+    return kSectorCopy ? threadIdx.x % 8 + 8 * ((threadIdx.x / 32) % 4) : int(threadIdx.x) % KC;
+  }
+  // The K chunk at k0 of the query block and of the tile, into registers.
   __device__ __forceinline__ void fetch(Acc (&qv)[QL], Acc (&dv)[DL], const DocT* docs, int64_t row0,
                                         int cols_valid, int64_t k0) {
-    const int r0 = threadIdx.x / KC;
-    const int64_t k = k0 + threadIdx.x % KC;
+    static_assert(!kSectorCopy, "stash's map");
+    const int r0 = lane_row();
+    const int64_t k = k0 + lane_col();
     const bool k_in = k < dim;
     const int64_t step = int64_t(kRowStep) * dim;
     const T* q = qbase + int64_t(r0) * dim + k;  // dereferenced only at valid rows and k
@@ -308,7 +332,7 @@ struct SimtMainloop {
   // element by element in stash's layout (zeros past the valid rows and dim: nothing read).
   __device__ __forceinline__ void copy_chunk(int b, const DocT* docs, int64_t row0, int cols_valid, int64_t k0) {
     const uint32_t qs = smem_addr(buf + b * kBuffer), ds = qs + uint32_t(KC * QP * sizeof(Acc));
-    const int r0 = threadIdx.x / KC, kk = threadIdx.x % KC;
+    const int r0 = lane_row(), kk = lane_col();
     const int64_t k = k0 + kk;
     const bool k_in = k < dim;
     const int64_t step = int64_t(kRowStep) * dim;
@@ -332,7 +356,7 @@ struct SimtMainloop {
   __device__ __forceinline__ void ffma_chunk(Acc (&acc)[TM][TN], int b) const {
     const Acc* qs = buf + b * kBuffer;
     const Acc* ds = qs + KC * QP;
-#pragma unroll 4
+#pragma unroll kFfmaUnroll
     for (int kk = 0; kk < KC; ++kk) {
       Acc a[TM], b8[TN];
       load_run<TM>(qs + kk * QP + ty * TM, a);
@@ -363,24 +387,18 @@ struct SimtMainloop {
     }
   }
 
-  // The tile's chunks by cp.async, kChunkBuffers - 1 in flight: at chunk c, once it has landed
-  // and every thread is past chunk c - 1's FMAs (the barrier), chunk c + kChunkBuffers - 1
-  // goes to the buffer chunk c - 1 used. One commit group a chunk, empty past the last, so
-  // wait<kChunkBuffers - 2> always means chunk c. The caller's next barrier orders these
-  // reads before the next tile's copies.
+  // The tile's chunks by cp.async, one in flight: at chunk c, once it has landed and every
+  // thread is past chunk c - 1's FMAs (the barrier), chunk c + 1 goes to the buffer chunk c - 1
+  // used. One commit group a chunk, empty past the last, so wait<0> always means chunk c. The
+  // caller's next barrier orders these reads before the next tile's copies.
   __device__ __forceinline__ void chunks_async(Acc (&acc)[TM][TN], const DocT* docs, int64_t row0, int cols_valid) {
-    constexpr int NB = kChunkBuffers;
-#pragma unroll
-    for (int c = 0; c < NB - 1; ++c) {
-      if (int64_t(c) * KC < dim) copy_chunk(c, docs, row0, cols_valid, int64_t(c) * KC);
-      cp_async_commit();
-    }
+    if (dim > 0) copy_chunk(0, docs, row0, cols_valid, 0);
+    cp_async_commit();
     int b = 0;
-    for (int64_t k0 = 0; k0 < dim; k0 += KC, b = b + 1 == NB ? 0 : b + 1) {
-      cp_async_wait<NB - 2>();
+    for (int64_t k0 = 0; k0 < dim; k0 += KC, b ^= 1) {
+      cp_async_wait<0>();
       __syncthreads();
-      const int64_t ahead = k0 + int64_t(NB - 1) * KC;
-      if (ahead < dim) copy_chunk(b == 0 ? NB - 1 : b - 1, docs, row0, cols_valid, ahead);
+      if (k0 + KC < dim) copy_chunk(b ^ 1, docs, row0, cols_valid, k0 + KC);
       cp_async_commit();
       ffma_chunk(acc, b);
     }

@@ -319,12 +319,12 @@ FFMA_ASYNC = [
 ]
 
 
-# The FFMA async copy's lane map (2026-11-29, tools/device/candidates/simt_sector_copy.patch:
-# a warp copies 4 rows x 8 columns, so its transposed stores meet 32 banks instead of 8 four
-# times) and, on top of it, the 64-row padded / packed float shapes at two CTAs an SM
-# (simt_bm64_two_ctas.patch), or the 32-row float shapes as 128-thread CTAs with 4 x 8 thread
-# tiles, four an SM (simt_narrow_ctas.patch). Every ffma_async row, then 64-row query blocks
-# (Lq 33-64) at several step counts, padded and packed.
+# The FFMA async copy's lane map (2026-11-29: a warp copies 4 rows x 8 columns, so its
+# transposed stores meet 32 banks instead of 8 four times) and, on top of it, the 64-row padded
+# / packed float shapes at two CTAs an SM, or the 32-row float shapes as 128-thread CTAs with
+# 4 x 8 thread tiles, four an SM (the three candidates measured that day; the last two landed
+# together). Every ffma_async row, then 64-row query blocks (Lq 33-64) at several step counts,
+# padded and packed.
 FFMA_SECTOR = [
     *FFMA_ASYNC,
     *padded_rows([
