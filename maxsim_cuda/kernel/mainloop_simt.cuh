@@ -269,10 +269,10 @@ struct SimtMainloop {
   static constexpr bool kSectorCopy =
       kAsyncCopy && sizeof(Acc) == 4 && KC == 32 && kThreads % 128 == 0 && QP % 32 == 4 && DP % 32 == 4;
   static __device__ __forceinline__ int lane_row() {
-    return kSectorCopy ? (threadIdx.x % 32) / 8 + 4 * (threadIdx.x / 128) : int(threadIdx.x) / KC;
+    return kSectorCopy ? (threadIdx.x % 32) / 8 + 4 * (threadIdx.x / 128) : int(threadIdx.x / KC);
   }
   static __device__ __forceinline__ int lane_col() {
-    return kSectorCopy ? threadIdx.x % 8 + 8 * ((threadIdx.x / 32) % 4) : int(threadIdx.x) % KC;
+    return kSectorCopy ? threadIdx.x % 8 + 8 * ((threadIdx.x / 32) % 4) : int(threadIdx.x % KC);
   }
   // The K chunk at k0 of the query block and of the tile, into registers.
   __device__ __forceinline__ void fetch(Acc (&qv)[QL], Acc (&dv)[DL], const DocT* docs, int64_t row0,
