@@ -119,6 +119,36 @@ def test_every_query_against_many_multi_tile_documents(device, surface, dtype, r
     assert_argmax(argmax, case, exact=True)
     assert_bitwise(case.call(ms, ""), scores, "scores without argmax")
 
+
+def off_sixteen_bytes(t: torch.Tensor, elements: int) -> torch.Tensor:
+    """t's values, contiguous, in fresh storage that starts `elements` elements past an
+    allocation (which torch aligns to at least 16 bytes)."""
+    flat = torch.empty(t.numel() + elements, dtype=t.dtype, device=t.device)
+    out = flat[elements:].view(t.shape)
+    out.copy_(t)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64], ids=str)
+@pytest.mark.parametrize("dim", [64, 100])
+@pytest.mark.parametrize("surface", SURFACES)
+def test_inputs_off_sixteen_bytes(device, surface, dim, dtype, rng):
+    """Contiguous queries and documents whose data starts one element past a 16-byte boundary
+    (a slice of a larger buffer) score exactly as aligned ones: on a GPU the kernels that copy
+    16 bytes at a time must notice and take narrower loads, never a misaligned wide one. dim 64
+    keeps every row's offset the same, dim 100 leaves a partial last K chunk. Lattice values,
+    so scores and argmax must be exactly the reference's."""
+    ms, dev = device
+    case = make_case(surface, rng, n=6, Lq=12, Ld=150, D=dim, device=dev, dtype=dtype, values=lattice)
+    aligned = case.call(ms, "_with_argmax")
+    shifted = case.with_qd(off_sixteen_bytes(case.queries, 1), off_sixteen_bytes(case.documents, 1))
+    assert shifted.queries.data_ptr() % 16 != 0 and shifted.documents.data_ptr() % 16 != 0
+    scores, argmax = shifted.call(ms, "_with_argmax")
+    assert_scores(scores, case, exact=True)
+    assert_argmax(argmax, case, exact=True)
+    assert_bitwise(scores, aligned[0], "scores against aligned inputs")
+    assert_bitwise(argmax, aligned[1], "argmax against aligned inputs")
+
 # ---- empty segments --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("surface", SURFACES)
