@@ -336,13 +336,26 @@ FFMA_SECTOR = [
 ]
 
 
+
+# 16-byte cp.async pieces into a swizzled [row][k] chunk (2026-11-29, tools/device/candidates/
+# simt_pieces.patch): every ffma_sector row, and two dims beside 128: 96 (whole pieces) and 102
+# (rows off 16 bytes: the value-by-value copies into the same layout).
+FFMA_PIECES = [
+    *FFMA_SECTOR,
+    *padded_rows([
+        ("Lq 32, Ld 180, 32 x 50, float32, dim 96", {}, (32, 50, 32, 180, 96), torch.float32, "plain"),
+        ("Lq 32, Ld 180, 32 x 50, float32, dim 102 (4-byte copies)", {}, (32, 50, 32, 180, 102), torch.float32,
+         "plain"),
+    ]),
+]
+
 GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESIDUAL_PAIRS),
           "grad_documents": GRAD_DOCUMENTS, "bytes": BYTES, "query_load": QUERY_LOAD, "epilogue": EPILOGUE,
           "grad_queries": GRAD_QUERIES, "bytes_lq64": BYTES_LQ64, "tail_window": TAIL_WINDOW,
           "tail_window_mma": TAIL_WINDOW_MMA,
           "residual_ffma": RESIDUAL_FFMA,
           "ffma_two_ctas": FFMA_TWO_CTAS, "ffma_async": FFMA_ASYNC,
-          "ffma_sector": FFMA_SECTOR}
+          "ffma_sector": FFMA_SECTOR, "ffma_pieces": FFMA_PIECES}
 
 
 def equal(a, b):
