@@ -21,6 +21,15 @@ def call_all(ms, case):
     return out
 
 
+def assert_exact_with_and_without_argmax(ms, case):
+    """Lattice-valued case: scores and argmax exactly the reference's, and the scores of the
+    form without argmax bitwise the same."""
+    scores, argmax = case.call(ms, "_with_argmax")
+    assert_scores(scores, case, exact=True)
+    assert_argmax(argmax, case, exact=True)
+    assert_bitwise(case.call(ms, ""), scores, "scores without argmax")
+
+
 def assert_bitwise(a: torch.Tensor, b: torch.Tensor, what=""):
     assert a.dtype == b.dtype and a.shape == b.shape, what
     if a.is_floating_point():
@@ -92,11 +101,7 @@ def test_empty_documents_among_many_steps(device, surface, dtype, rng):
                        values=lattice)
     if surface == "packed":
         case = padded_as_packed(case)
-    scores, argmax = case.call(ms, "_with_argmax")
-    assert_scores(scores, case, exact=True)
-    assert_argmax(argmax, case, exact=True)
-    assert_bitwise(case.call(ms, ""), scores, "scores without argmax")
-
+    assert_exact_with_and_without_argmax(ms, case)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
@@ -114,10 +119,7 @@ def test_every_query_against_many_multi_tile_documents(device, surface, dtype, r
     case = make_contrastive(rng, 24, 8, d_lens, 100, dtype=dtype, device=dev, values=lattice)
     if surface == "contrastive_padded":
         case = as_padded_documents(case)
-    scores, argmax = case.call(ms, "_with_argmax")
-    assert_scores(scores, case, exact=True)
-    assert_argmax(argmax, case, exact=True)
-    assert_bitwise(case.call(ms, ""), scores, "scores without argmax")
+    assert_exact_with_and_without_argmax(ms, case)
 
 
 def off_sixteen_bytes(t: torch.Tensor, elements: int) -> torch.Tensor:
@@ -148,6 +150,7 @@ def test_inputs_off_sixteen_bytes(device, surface, dim, dtype, rng):
     assert_argmax(argmax, case, exact=True)
     assert_bitwise(scores, aligned[0], "scores against aligned inputs")
     assert_bitwise(argmax, aligned[1], "argmax against aligned inputs")
+
 
 # ---- empty segments --------------------------------------------------------------------------------
 

@@ -336,7 +336,6 @@ FFMA_SECTOR = [
 ]
 
 
-
 # 16-byte cp.async pieces into a swizzled [row][k] chunk (2026-11-29, tools/device/candidates/
 # simt_pieces.patch): every ffma_sector row, and two dims beside 128: 96 (whole pieces) and 102
 # (rows off 16 bytes: the value-by-value copies into the same layout).
@@ -348,6 +347,7 @@ FFMA_PIECES = [
          "plain"),
     ]),
 ]
+
 
 GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESIDUAL_PAIRS),
           "grad_documents": GRAD_DOCUMENTS, "bytes": BYTES, "query_load": QUERY_LOAD, "epilogue": EPILOGUE,
