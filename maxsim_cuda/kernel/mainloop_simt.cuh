@@ -82,10 +82,9 @@ struct SimtMainloop {
   // - Other shapes: 256 threads, TM x 8 tiles. Two CTAs an SM (128 registers a thread) where
   //   ptxas fits them without spilling: 32 query rows with float32 accumulators and one query a
   //   step (padded, packed: float32 HeavyRerank 0.84x, with int8 documents 0.70x, 2-bit
-  //   residual 0.75-0.77x); 64 rows of float documents and queries, one query a step, with the
-  //   k loop unrolled by 2 (kFfmaUnroll; by 4 they spill 32 bytes): 0.89-0.94x. The
-  //   contrastive 64-row shapes spill 16 bytes even so and keep one CTA, as do the register
-  //   path's contrastive shapes (20-170 bytes). run_forward launches one 256-thread CTA an SM
+  //   residual 0.75-0.77x); 64 rows of float documents and queries, one query a step:
+  //   0.89-0.94x. The contrastive 64-row shapes spill 16 bytes even so and keep one CTA, as do
+  //   the register path's contrastive shapes (20-170 bytes). run_forward launches one 256-thread CTA an SM
   //   where that is sooner (shared_sm_ctas).
   // The sm_86 / sm_89 code keeps one 256-thread CTA (two narrow ones): at 128 registers ptxas
   // (CUDA 13.0) spills the float padded shape there (22 bytes), and those parts' gain is
@@ -105,7 +104,9 @@ struct SimtMainloop {
     if (!kTwoCtasOnTarget || sizeof(Acc_) != 4 || !Policy::kOneQueryPerStep) return kMinBlocks;
     return BM_ == 32 || (BM_ == 64 && kAsyncCopy) ? 2 : kMinBlocks;
   }
-  static constexpr int kFfmaUnroll = kAsyncCopy && BM_ == 64 && sizeof(Acc_) == 4 ? 2 : 4;
+  // One 16-byte piece (V k steps) of the cp.async chunk an iteration: unrolled by 2, ptxas
+  // spills the narrow BM 32 shapes (26-74 bytes) and takes BM 128 to 254 registers.
+  static constexpr int kPieceUnroll = 1;
   static constexpr int TM = BM / (kThreads / 16), TN = 8;
   static constexpr int KC = sizeof(Acc) == 8 ? 16 : 32;
   static constexpr int QP = BM + 4, DP = BN + 4;  // padded strides (16-byte aligned rows)
@@ -117,7 +118,9 @@ struct SimtMainloop {
   static constexpr int kChunkBuffers = 2;
   static_assert(BM * KC % kThreads == 0 && TN == 8 && BN == 16 * TN, "thread tile shape");
 
-  static constexpr size_t kBuffer = size_t(KC) * (QP + DP);  // one chunk: [KC][QP] then [KC][DP]
+  // One chunk: through registers [KC][QP] then [KC][DP] (transposed: a k step's rows are
+  // contiguous); by cp.async [BM][KC] then [BN][KC] in 16-byte pieces (below).
+  static constexpr size_t kBuffer = kAsyncCopy ? size_t(KC) * (BM + BN) : size_t(KC) * (QP + DP);
 
   // residual: after qvalid, the tile's row factors, then the 16 bucket weights
   static constexpr size_t kResidualBytes = kResidual ? size_t(BN) * 4 + 16 * 4 : 0;
@@ -254,30 +257,18 @@ struct SimtMainloop {
   // Local column of the thread's c-th document value (increasing with c, as ties need).
   __device__ __forceinline__ int col_of(int c) const { return (c < 4 ? 0 : BN / 2) + tx * 4 + (c & 3); }
 
-  // Which elements of a K chunk a thread moves (fetch and stash through registers, copy_chunk
-  // by cp.async): column lane_col() of rows lane_row() + i * kRowStep. A thread's elements
-  // share one column and step kRowStep rows at a time, so each stream is one base pointer and
-  // one 64-bit stride: with an address per element (64-bit index arithmetic for each of QL +
-  // DL values) ptxas spilled the widening compressed shape at sm_80 - sm_89. Through registers
-  // element e of the thread is row e / KC, column e % KC: a warp reads whole 32-element row
-  // runs, as stash's index arithmetic assumes. The 4-byte copies (kSectorCopy) take 4 rows x 8
-  // columns a warp instead (a 32-byte sector of each row): the chunk is stored transposed,
-  // [k][row] with row strides of 4 banks mod 32, so 8 k x 4 rows meet 32 banks where one row's
-  // 32 k met 8 of them four times (0.98-0.99x on the FFMA rows, H200, 2026-11-29).
+  // The K chunk at k0 of the query block and of the tile, into registers (element e of the
+  // thread: row e / KC, column e % KC, so a warp reads whole 32-element row runs; the
+  // element-wise copies take the same map). A thread's elements share one column and step
+  // kRowStep rows at a time, so each stream is one base pointer and one 64-bit stride: with an
+  // address per element (64-bit index arithmetic for each of QL + DL values) ptxas spilled the
+  // widening compressed shape at sm_80 - sm_89.
   static constexpr int kRowStep = kThreads / KC;
   static_assert(kThreads % KC == 0, "a thread's elements share a column");
-  static constexpr bool kSectorCopy =
-      kAsyncCopy && sizeof(Acc) == 4 && KC == 32 && kThreads % 128 == 0 && QP % 32 == 4 && DP % 32 == 4;
-  static __device__ __forceinline__ int lane_row() {
-    return kSectorCopy ? (threadIdx.x % 32) / 8 + 4 * (threadIdx.x / 128) : int(threadIdx.x / KC);
-  }
-  static __device__ __forceinline__ int lane_col() {
-    return kSectorCopy ? threadIdx.x % 8 + 8 * ((threadIdx.x / 32) % 4) : int(threadIdx.x % KC);
-  }
-  // The K chunk at k0 of the query block and of the tile, into registers.
+  static __device__ __forceinline__ int lane_row() { return int(threadIdx.x / KC); }
+  static __device__ __forceinline__ int lane_col() { return int(threadIdx.x % KC); }
   __device__ __forceinline__ void fetch(Acc (&qv)[QL], Acc (&dv)[DL], const DocT* docs, int64_t row0,
                                         int cols_valid, int64_t k0) {
-    static_assert(!kSectorCopy, "stash's map");
     const int r0 = lane_row();
     const int64_t k = k0 + lane_col();
     const bool k_in = k < dim;
@@ -328,35 +319,106 @@ struct SimtMainloop {
     }
   }
 
-  // kAsyncCopy: the K chunk at k0 of the query block and of the tile straight into buffer b,
-  // element by element in stash's layout (zeros past the valid rows and dim: nothing read).
+  // kAsyncCopy: a chunk row (KC values, 128 bytes) is 8 pieces of 16 bytes (V values), piece j
+  // of row r stored at position j ^ (r / 4) % 8 of the row. The copies then move whole
+  // pieces: 8 lanes a row, one 128-byte line and 32 banks each (a quarter of the instructions
+  // and of the shared-memory wavefronts that 4-byte copies into the transposed chunk took:
+  // four a copy, by the counters of 2026-11-29). The products read a piece of V k of a row per
+  // 16-byte load: the document rows a quarter warp reads (4 tx + c, tx = 0..7) sit at 8
+  // different positions, so those loads are conflict-free too. Against 4-byte copies into a
+  // transposed chunk (H200, 2026-11-29): float32 reranks 0.79-0.86x, contrastive 0.89-0.91x,
+  // float64 0.58x, bitwise equal; dim 102 (value by value) 1.01x.
+  static constexpr int V = 16 / int(sizeof(Acc)), kPieces = KC / V;
+  static_assert(!kAsyncCopy || (kPieces == 8 && kThreads % kPieces == 0), "a chunk row is 8 pieces");
+  static constexpr int kPieceRowStep = kThreads / kPieces;  // rows between a thread's pieces
+  static __device__ __forceinline__ int piece_at(int row, int j) { return j ^ ((row / 4) % 8); }
+  static __device__ __forceinline__ uint32_t piece_offset(int row, int j) {
+    return uint32_t((row * kPieces + piece_at(row, j)) * 16);
+  }
+
+  // The K chunk at k0 of the query block and of the tile straight into buffer b (zeros past
+  // the valid rows and dim: nothing read): whole pieces where every row starts on 16 bytes
+  // (dim a multiple of V, both bases aligned), else value by value into the same places.
   __device__ __forceinline__ void copy_chunk(int b, const DocT* docs, int64_t row0, int cols_valid, int64_t k0) {
-    const uint32_t qs = smem_addr(buf + b * kBuffer), ds = qs + uint32_t(KC * QP * sizeof(Acc));
+    const uint32_t qs = smem_addr(buf + b * kBuffer), ds = qs + uint32_t(BM * KC * sizeof(Acc));
+    const bool whole = dim % V == 0 && (reinterpret_cast<uintptr_t>(qbase) | reinterpret_cast<uintptr_t>(docs)) % 16 == 0;
+    if (whole) {
+      copy_pieces(qs, ds, docs, row0, cols_valid, k0);
+    } else {
+      copy_values(qs, ds, docs, row0, cols_valid, k0);
+    }
+  }
+
+  __device__ __forceinline__ void copy_pieces(uint32_t qs, uint32_t ds, const DocT* docs, int64_t row0,
+                                              int cols_valid, int64_t k0) const {
+    static_assert(BM % kPieceRowStep == 0 && BN % kPieceRowStep == 0, "whole rows of pieces");
+    const int r0 = threadIdx.x / kPieces, j = threadIdx.x % kPieces;
+    const int64_t k = k0 + int64_t(j) * V;
+    const bool k_in = k < dim;  // dim % V == 0: a piece is all in or all out
+    const int64_t step = int64_t(kPieceRowStep) * dim;
+    const T* q = qbase + int64_t(r0) * dim + k;
+#pragma unroll
+    for (int i = 0; i < BM / kPieceRowStep; ++i) {
+      const int r = r0 + i * kPieceRowStep;
+      cp_async_16_zfill(qs + piece_offset(r, j), q + i * step, qvalid[r] && k_in ? 16u : 0u);
+    }
+    const DocT* d = docs + (row0 + r0) * dim + k;
+#pragma unroll
+    for (int i = 0; i < BN / kPieceRowStep; ++i) {
+      const int r = r0 + i * kPieceRowStep;
+      cp_async_16_zfill(ds + piece_offset(r, j), d + i * step, r < cols_valid && k_in ? 16u : 0u);
+    }
+  }
+
+  __device__ __forceinline__ void copy_values(uint32_t qs, uint32_t ds, const DocT* docs, int64_t row0,
+                                              int cols_valid, int64_t k0) const {
     const int r0 = lane_row(), kk = lane_col();
     const int64_t k = k0 + kk;
     const bool k_in = k < dim;
     const int64_t step = int64_t(kRowStep) * dim;
+    const uint32_t within = uint32_t((kk % V) * sizeof(Acc));
     const T* q = qbase + int64_t(r0) * dim + k;
 #pragma unroll
     for (int i = 0; i < QL; ++i) {
-      const bool in = qvalid[r0 + i * kRowStep] && k_in;
-      cp_async_ca_zfill<sizeof(Acc)>(qs + uint32_t((kk * QP + r0 + i * kRowStep) * sizeof(Acc)), q + i * step,
-                                     in ? uint32_t(sizeof(Acc)) : 0u);
+      const int r = r0 + i * kRowStep;
+      cp_async_ca_zfill<sizeof(Acc)>(qs + piece_offset(r, kk / V) + within, q + i * step,
+                                     qvalid[r] && k_in ? uint32_t(sizeof(Acc)) : 0u);
     }
     const DocT* d = docs + (row0 + r0) * dim + k;
 #pragma unroll
     for (int i = 0; i < DL; ++i) {
-      const bool in = r0 + i * kRowStep < cols_valid && k_in;
-      cp_async_ca_zfill<sizeof(Acc)>(ds + uint32_t((kk * DP + r0 + i * kRowStep) * sizeof(Acc)), d + i * step,
-                                     in ? uint32_t(sizeof(Acc)) : 0u);
+      const int r = r0 + i * kRowStep;
+      cp_async_ca_zfill<sizeof(Acc)>(ds + piece_offset(r, kk / V) + within, d + i * step,
+                                     r < cols_valid && k_in ? uint32_t(sizeof(Acc)) : 0u);
     }
   }
 
-  // One K chunk's products from buffer b into acc.
+  // One cp.async chunk's products from buffer b into acc: per piece, the thread's TM query rows
+  // and 8 document rows (col_of(c) / 4 % 8 == tx % 8 for every c), then its V k steps in order.
+  __device__ __forceinline__ void ffma_pieces(Acc (&acc)[TM][TN], int b) const {
+    const Acc* qs = buf + b * kBuffer;
+    const Acc* ds = qs + BM * KC;
+#pragma unroll kPieceUnroll
+    for (int j = 0; j < kPieces; ++j) {
+      Acc a[TM][V], d[TN][V];
+#pragma unroll
+      for (int r = 0; r < TM; ++r) load_run<V>(qs + (ty * TM + r) * KC + piece_at(ty * TM + r, j) * V, a[r]);
+#pragma unroll
+      for (int c = 0; c < TN; ++c) load_run<V>(ds + col_of(c) * KC + (j ^ (tx % 8)) * V, d[c]);
+#pragma unroll
+      for (int kq = 0; kq < V; ++kq)
+#pragma unroll
+        for (int r = 0; r < TM; ++r)
+#pragma unroll
+          for (int c = 0; c < TN; ++c) acc[r][c] = fma(a[r][kq], d[c][kq], acc[r][c]);
+    }
+  }
+
+  // One register-path chunk's products from buffer b into acc.
   __device__ __forceinline__ void ffma_chunk(Acc (&acc)[TM][TN], int b) const {
     const Acc* qs = buf + b * kBuffer;
     const Acc* ds = qs + KC * QP;
-#pragma unroll kFfmaUnroll
+#pragma unroll 4
     for (int kk = 0; kk < KC; ++kk) {
       Acc a[TM], b8[TN];
       load_run<TM>(qs + kk * QP + ty * TM, a);
@@ -400,7 +462,7 @@ struct SimtMainloop {
       __syncthreads();
       if (k0 + KC < dim) copy_chunk(b ^ 1, docs, row0, cols_valid, k0 + KC);
       cp_async_commit();
-      ffma_chunk(acc, b);
+      ffma_pieces(acc, b);
     }
   }
 
