@@ -84,8 +84,8 @@ struct SimtMainloop {
   //   step (padded, packed: float32 HeavyRerank 0.84x, with int8 documents 0.70x, 2-bit
   //   residual 0.75-0.77x); 64 rows of float documents and queries, one query a step:
   //   0.89-0.94x. The contrastive 64-row shapes spill 16 bytes even so and keep one CTA, as do
-  //   the register path's contrastive shapes (20-170 bytes). run_forward launches one 256-thread CTA an SM
-  //   where that is sooner (shared_sm_ctas).
+  //   the register path's contrastive shapes (20-170 bytes). run_forward launches one
+  //   256-thread CTA an SM where that is sooner (shared_sm_ctas).
   // The sm_86 / sm_89 code keeps one 256-thread CTA (two narrow ones): at 128 registers ptxas
   // (CUDA 13.0) spills the float padded shape there (22 bytes), and those parts' gain is
   // unmeasured (the host's occupancy query finds what the target's code allows). The value
