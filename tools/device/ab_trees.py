@@ -349,13 +349,35 @@ FFMA_PIECES = [
 ]
 
 
+# The 128-query-row float32 FFMA shape (256 threads, one CTA an SM) with its k loop unrolled by
+# two pieces (2026-11-29, tools/device/candidates/simt_unroll_bm128.patch): the contrastive
+# rows whose queries stack into 128-row blocks (colpali-engine, PyLate, BigColBERT-sized, a
+# ColBERTCorpus-sized call), padded and packed calls of 96 and 128 query rows, then controls
+# on shapes the patch leaves alone (32 and 64 rows, float64).
+FFMA_BM128 = [
+    *(row for row in FFMA_ASYNC if "pages" in row[0] or "PyLate" in row[0] or "BigColBERT" in row[0]),
+    ("ColBERTCorpus-sized float32: 32 x 10,000, Lq 32, Ld 256", {},
+     lambda ms: contrastive_float32(ms, 32, 32, 10_000, 256, 128)),
+    *padded_rows([
+        ("Lq 96, Ld 180, 32 x 50, float32 (BM 128)", {}, (32, 50, 96, 180, 128), torch.float32, "plain"),
+        ("Lq 128, Ld 300, 1 x 1000, float32 (BM 128)", {}, (1, 1000, 128, 300, 128), torch.float32, "plain"),
+    ]),
+    ("32 x 50 packed pairs, Lq 96, Ld 180, float32 (BM 128)", {}, lambda ms: packed_float32(ms, 32, 50, 96, 180, 128)),
+    *(row for row in FFMA_ASYNC if "Lq 64 (BM 64" in row[0]),
+    *padded_rows([
+        ("HeavyRerank fp32 (BM 32, control)", {}, (32, 100, 32, 256, 128), torch.float32, "plain"),
+        ("Lq 96, Ld 180, 8 x 50, float64 (BM 128, control)", {}, (8, 50, 96, 180, 128), torch.float64, "plain"),
+    ]),
+]
+
+
 GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESIDUAL_PAIRS),
           "grad_documents": GRAD_DOCUMENTS, "bytes": BYTES, "query_load": QUERY_LOAD, "epilogue": EPILOGUE,
           "grad_queries": GRAD_QUERIES, "bytes_lq64": BYTES_LQ64, "tail_window": TAIL_WINDOW,
           "tail_window_mma": TAIL_WINDOW_MMA,
           "residual_ffma": RESIDUAL_FFMA,
           "ffma_two_ctas": FFMA_TWO_CTAS, "ffma_async": FFMA_ASYNC,
-          "ffma_sector": FFMA_SECTOR, "ffma_pieces": FFMA_PIECES}
+          "ffma_sector": FFMA_SECTOR, "ffma_pieces": FFMA_PIECES, "ffma_bm128": FFMA_BM128}
 
 
 def equal(a, b):
