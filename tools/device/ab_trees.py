@@ -371,13 +371,28 @@ FFMA_BM128 = [
 ]
 
 
+# The FFMA piece loop's shared addresses as one XOR a group of rows (2026-11-29, tools/device/
+# candidates/simt_xor_addresses.patch): a short list, so that both trees fit a small device
+# call: the 32-, 64- and 128-row float32 shapes, padded, packed and contrastive, float64, and
+# the value-by-value copies (dim 102).
+FFMA_XOR = [
+    *(row for row in FFMA_PIECES if row[0].startswith(("HeavyRerank fp32 (FFMA)", "1 x 1000 x 300, float32",
+                                                        "32 x 50 packed pairs, Lq 32", "Lq 48, Ld 180, 32 x 50",
+                                                        "colpali-engine", "PyLate", "contrastive float32, Lq 64",
+                                                        "Lq 32, Ld 180, 8 x 50, float64"))
+      or "dim 102" in row[0]),
+    *(row for row in FFMA_BM128 if row[0].startswith("Lq 96, Ld 180, 32 x 50")),
+]
+
+
 GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESIDUAL_PAIRS),
           "grad_documents": GRAD_DOCUMENTS, "bytes": BYTES, "query_load": QUERY_LOAD, "epilogue": EPILOGUE,
           "grad_queries": GRAD_QUERIES, "bytes_lq64": BYTES_LQ64, "tail_window": TAIL_WINDOW,
           "tail_window_mma": TAIL_WINDOW_MMA,
           "residual_ffma": RESIDUAL_FFMA,
           "ffma_two_ctas": FFMA_TWO_CTAS, "ffma_async": FFMA_ASYNC,
-          "ffma_sector": FFMA_SECTOR, "ffma_pieces": FFMA_PIECES, "ffma_bm128": FFMA_BM128}
+          "ffma_sector": FFMA_SECTOR, "ffma_pieces": FFMA_PIECES, "ffma_bm128": FFMA_BM128,
+          "ffma_xor": FFMA_XOR}
 
 
 def equal(a, b):
