@@ -353,7 +353,10 @@ FFMA_PIECES = [
 # two pieces (2026-11-29, tools/device/candidates/simt_unroll_bm128.patch): the contrastive
 # rows whose queries stack into 128-row blocks (colpali-engine, PyLate, BigColBERT-sized, a
 # ColBERTCorpus-sized call), padded and packed calls of 96 and 128 query rows, then controls
-# on shapes the patch leaves alone (32 and 64 rows, float64).
+# on shapes the patch leaves alone (32 and 64 rows, float64). The row named "contrastive
+# float32, Lq 64 (BM 64, ...)" (ffma_async) is not a control: the contrastive policy stacks
+# its 64-token queries two to a 128-row block, and it moved with the 128-row patch (its name
+# is kept so that older JSON rows still match).
 FFMA_BM128 = [
     *(row for row in FFMA_ASYNC if "pages" in row[0] or "PyLate" in row[0] or "BigColBERT" in row[0]),
     ("ColBERTCorpus-sized float32: 32 x 10,000, Lq 32, Ld 256", {},
