@@ -139,8 +139,8 @@ inline void write_argmax_row(int32_t* row, int64_t width, int64_t n, const int32
 }
 
 // Documents are swept in blocks that every query column chunk passes over while the
-// block is still in cache: 16 KiB (L1) when rows must first be widened into a buffer,
-// 128 KiB (L2; the microkernel prefetches into L1) when they are read in place.
+// block is still in cache: 8 KiB of floats at dim 128 (L1) when rows must first be widened
+// into a buffer, 128 KiB (L2; the microkernel prefetches into L1) when they are read in place.
 inline int64_t doc_block_rows(int64_t dim, int64_t bytes) {
   return std::max<int64_t>(16, (bytes / 4 / std::max<int64_t>(dim, 1)) / 8 * 8);
 }
@@ -156,6 +156,8 @@ struct DenseRows {
   const float* scales;  // compressed: one per row; else null
   int64_t dim;
   static constexpr bool kInPlace = std::is_same_v<DT, float>;
+  // Widened: 16 rows at dim 128 (doc_block_rows' floor). 16 KiB blocks timed the same on a
+  // 2-core AVX2 host (0.90-1.06x, 2026-11-29, tools/cpu_ab.py).
   static constexpr int64_t kBlockBytes = kInPlace ? 131072 : 4096;
   // Rows [r0, r0 + n) as floats (in place, or widened into buf) and their scales (or null).
   const float* load(int64_t r0, int64_t n, float* buf, float* /*scale_buf*/, const float** row_scales) const {

@@ -59,6 +59,37 @@ void round_half_f16c(float* x, int64_t n) {
     _mm256_storeu_ps(x + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT)));
   for (; i < n; ++i) x[i] = half_bits_to_float(float_to_half_bits(x[i]));
 }
+// int8 documents, 8 values per sign extension and conversion.
+void widen_int8_avx2(const int8_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i));
+    _mm256_storeu_ps(dst + i, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)));
+  }
+  for (; i < n; ++i) dst[i] = float(src[i]);
+}
+// e4m3fn documents, 8 values at a time by the bit layout (e4m3_bits_to_float's three cases,
+// bit for bit): magnitude bits m = b & 0x7f; m < 8 (exponent 0) is m * 2^-9, m == 0x7f NaN,
+// else the float bits (m << 20) + (120 << 23); then the sign. A table lookup a value, the
+// scalar way, cost more than the products it feeds (2026-11-29, 2-core AVX2 host).
+void widen_e4m3_avx2(const Float8E4M3* src, float* dst, int64_t n) {
+  const __m256i magnitude = _mm256_set1_epi32(0x7f), sign_bit = _mm256_set1_epi32(0x80),
+                bias = _mm256_set1_epi32(120 << 23), eight = _mm256_set1_epi32(8),
+                quiet_nan = _mm256_set1_epi32(0x7fc00000);
+  const __m256 sub_scale = _mm256_set1_ps(0.001953125f);  // 2^-9
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i)));
+    const __m256i m = _mm256_and_si256(b, magnitude);
+    const __m256i normal = _mm256_add_epi32(_mm256_slli_epi32(m, 20), bias);
+    const __m256i sub = _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtepi32_ps(m), sub_scale));
+    __m256i bits = _mm256_blendv_epi8(normal, sub, _mm256_cmpgt_epi32(eight, m));
+    bits = _mm256_blendv_epi8(bits, quiet_nan, _mm256_cmpeq_epi32(m, magnitude));
+    bits = _mm256_or_si256(bits, _mm256_slli_epi32(_mm256_and_si256(b, sign_bit), 24));
+    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(bits));
+  }
+  for (; i < n; ++i) dst[i] = e4m3_bits_to_float(src[i].bits);
+}
 }  // namespace isa_avx2
 #if defined(__clang__)
 #pragma clang attribute pop
@@ -103,12 +134,27 @@ void round_half_portable(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = half_bits_to_float(float_to_half_bits(x[i]));
 }
 
+void widen_int8_portable(const int8_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = float(src[i]);
+}
+// A 256-entry table: one load a value, exact, NaN included.
+void widen_e4m3_portable(const Float8E4M3* src, float* dst, int64_t n) {
+  static const auto table = [] {
+    struct Table { float v[256]; } t;
+    for (int b = 0; b < 256; ++b) t.v[b] = e4m3_bits_to_float(uint8_t(b));
+    return t;
+  }();
+  for (int64_t i = 0; i < n; ++i) dst[i] = table.v[src[i].bits];
+}
+
 struct Kernels {
   void (*sweep)(const SweepArgs&);
   void (*widen_half)(const Half*, float*, int64_t);
   void (*widen_bf16)(const BFloat16*, float*, int64_t);
   void (*sweep_bf16)(const SweepBf16Args&) = nullptr;
   void (*round_half)(float*, int64_t) = round_half_portable;
+  void (*widen_int8)(const int8_t*, float*, int64_t) = widen_int8_portable;
+  void (*widen_e4m3)(const Float8E4M3*, float*, int64_t) = widen_e4m3_portable;
 };
 
 #define MAXSIM_KERNELS(ns) Kernels{ns::sweep_entry, ns::widen_half_entry, ns::widen_bf16_entry}
@@ -128,12 +174,16 @@ const Kernels& kernels() {
       Kernels k{isa_avx512::sweep512_entry, isa_avx2::widen_half_f16c, isa_avx512::widen_bf16_entry};
       if (__builtin_cpu_supports("avx512bf16")) k.sweep_bf16 = isa_avx512bf16::sweep_bf16_entry;
       k.round_half = isa_avx2::round_half_f16c;
+      k.widen_int8 = isa_avx2::widen_int8_avx2;
+      k.widen_e4m3 = isa_avx2::widen_e4m3_avx2;
       return k;
     }
     if (cap != "generic" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("f16c")) {
       Kernels k{isa_avx2::sweep_entry, isa_avx2::widen_half_f16c, isa_avx2::widen_bf16_entry};
       k.round_half = isa_avx2::round_half_f16c;
+      k.widen_int8 = isa_avx2::widen_int8_avx2;
+      k.widen_e4m3 = isa_avx2::widen_e4m3_avx2;
       return k;
     }
 #endif
@@ -158,6 +208,8 @@ void sweep_bf16(const SweepBf16Args& a) {
 
 void widen(const Half* src, float* dst, int64_t n) { kernels().widen_half(src, dst, n); }
 void widen(const BFloat16* src, float* dst, int64_t n) { kernels().widen_bf16(src, dst, n); }
+void widen(const int8_t* src, float* dst, int64_t n) { kernels().widen_int8(src, dst, n); }
+void widen(const Float8E4M3* src, float* dst, int64_t n) { kernels().widen_e4m3(src, dst, n); }
 void round_to_half(float* x, int64_t n) { kernels().round_half(x, n); }
 
 }  // namespace maxsim_cpu

@@ -99,18 +99,8 @@ void widen(const BFloat16* src, float* dst, int64_t n);
 inline void widen(const float* src, float* dst, int64_t n) {
   if (n > 0) std::memcpy(dst, src, size_t(n) * sizeof(float));
 }
-inline void widen(const int8_t* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = float(src[i]);
-}
-// A 256-entry table: one load a value, exact, NaN included.
-inline void widen(const Float8E4M3* src, float* dst, int64_t n) {
-  static const auto table = [] {
-    struct Table { float v[256]; } t;
-    for (int b = 0; b < 256; ++b) t.v[b] = e4m3_bits_to_float(uint8_t(b));
-    return t;
-  }();
-  for (int64_t i = 0; i < n; ++i) dst[i] = table.v[src[i].bits];
-}
+void widen(const int8_t* src, float* dst, int64_t n);
+void widen(const Float8E4M3* src, float* dst, int64_t n);
 
 // Running max over document rows, one lane per query token.
 //   qT     [dim][ldq] float32, the query transposed; columns [0, ncols) are swept,

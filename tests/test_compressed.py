@@ -316,15 +316,29 @@ def test_op_refuses_document_gradient(cpu_kernel, rng):
         ops.padded_forward(case.queries, values, case.query_lengths, case.doc_lengths, True, None)
 
 
-@pytest.mark.parametrize("isa", ("generic", "avx2"))
-def test_cpu_instruction_sets(isa):
-    """The CPU kernels' narrower builds (MAXSIM_CPU_ISA caps the choice at load time, so a
-    fresh process): the same compressed scores as float64 on the dequantised documents."""
+def run_on_cpu_build(script, isa):
+    """Runs `script` (ending in print('ok')) in a fresh process whose CPU kernels are capped at
+    `isa` (MAXSIM_CPU_ISA is read once, at load time), or left to the CPU's best for "default"."""
     import os
     import subprocess
     import sys
     from pathlib import Path
-    script = (
+    here = Path(__file__).resolve().parent
+    path = os.pathsep.join(p for p in (str(here), os.environ.get("PYTHONPATH")) if p)
+    env = {k: v for k, v in os.environ.items() if k != "MAXSIM_CPU_ISA"}
+    env["PYTHONPATH"] = path
+    if isa != "default":
+        env["MAXSIM_CPU_ISA"] = isa
+    result = subprocess.run([sys.executable, "-c", script], cwd=here, env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("isa", ("generic", "avx2"))
+def test_cpu_instruction_sets(isa):
+    """The CPU kernels' narrower builds: the same compressed scores as float64 on the
+    dequantised documents."""
+    run_on_cpu_build(
         "import torch, dataclasses\n"
         "from conftest import load_kernel, make_case, assert_scores, assert_argmax\n"
         "ms = load_kernel('cpu')\n"
@@ -341,11 +355,30 @@ def test_cpu_instruction_sets(isa):
         "                                                      document_scales=s)\n"
         "            assert_scores(out, expect, input_dtype=dt)\n"
         "            assert_argmax(arg, expect)\n"
-        "print('ok')\n"
-    )
-    here = Path(__file__).resolve().parent
-    path = os.pathsep.join(p for p in (str(here), os.environ.get("PYTHONPATH")) if p)
-    env = dict(os.environ, MAXSIM_CPU_ISA=isa, PYTHONPATH=path)
-    result = subprocess.run([sys.executable, "-c", script], cwd=here, env=env, capture_output=True,
-                            text=True, timeout=300)
-    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
+        "print('ok')\n", isa)
+
+
+@pytest.mark.parametrize("isa", ("generic", "avx2", "default"))
+def test_cpu_widening_of_every_byte(isa):
+    """Every int8 and every float8 e4m3fn byte (NaNs, subnormals, -0, -128 included) widens
+    to exactly torch's value on each CPU build: document row b holds byte b at column b % 11
+    (so bytes land in vector lanes and in the tail past them) and zeros elsewhere, each row its
+    own document, and one-hot queries read the columns back as scores."""
+    run_on_cpu_build(
+        "import torch\n"
+        "from conftest import load_kernel\n"
+        "ms = load_kernel('cpu')\n"
+        "D = 11\n"
+        "q = torch.eye(D).unsqueeze(1)\n"  # [D, 1, D]: query k reads column k
+        "offsets = torch.arange(257)\n"
+        "for dtype in (torch.int8, torch.float8_e4m3fn):\n"
+        "    bits = torch.zeros(256, D, dtype=torch.uint8)\n"
+        "    b = torch.arange(256)\n"
+        "    bits[b, b % D] = b.to(torch.uint8)\n"
+        "    values = bits.view(dtype)\n"
+        "    scales = torch.ones(256)\n"
+        "    got = ms.score_contrastive(q, values, offsets, document_scales=scales)\n"
+        "    want = (q[:, 0].double() @ values.double().T).float()\n"
+        "    assert want.isnan().any() == (dtype == torch.float8_e4m3fn)\n"
+        "    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)\n"
+        "print('ok')\n", isa)
