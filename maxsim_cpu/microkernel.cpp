@@ -59,15 +59,6 @@ void round_half_f16c(float* x, int64_t n) {
     _mm256_storeu_ps(x + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT)));
   for (; i < n; ++i) x[i] = half_bits_to_float(float_to_half_bits(x[i]));
 }
-// int8 documents, 8 values per sign extension and conversion.
-void widen_int8_avx2(const int8_t* src, float* dst, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i));
-    _mm256_storeu_ps(dst + i, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)));
-  }
-  for (; i < n; ++i) dst[i] = float(src[i]);
-}
 // e4m3fn documents, 8 values at a time by the bit layout (e4m3_bits_to_float's three cases,
 // bit for bit): magnitude bits m = b & 0x7f; m < 8 (exponent 0) is m * 2^-9, m == 0x7f NaN,
 // else the float bits (m << 20) + (120 << 23); then the sign. A table lookup a value, the
@@ -134,9 +125,6 @@ void round_half_portable(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = half_bits_to_float(float_to_half_bits(x[i]));
 }
 
-void widen_int8_portable(const int8_t* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = float(src[i]);
-}
 // A 256-entry table: one load a value, exact, NaN included.
 void widen_e4m3_portable(const Float8E4M3* src, float* dst, int64_t n) {
   static const auto table = [] {
@@ -153,7 +141,6 @@ struct Kernels {
   void (*widen_bf16)(const BFloat16*, float*, int64_t);
   void (*sweep_bf16)(const SweepBf16Args&) = nullptr;
   void (*round_half)(float*, int64_t) = round_half_portable;
-  void (*widen_int8)(const int8_t*, float*, int64_t) = widen_int8_portable;
   void (*widen_e4m3)(const Float8E4M3*, float*, int64_t) = widen_e4m3_portable;
 };
 
@@ -174,7 +161,6 @@ const Kernels& kernels() {
       Kernels k{isa_avx512::sweep512_entry, isa_avx2::widen_half_f16c, isa_avx512::widen_bf16_entry};
       if (__builtin_cpu_supports("avx512bf16")) k.sweep_bf16 = isa_avx512bf16::sweep_bf16_entry;
       k.round_half = isa_avx2::round_half_f16c;
-      k.widen_int8 = isa_avx2::widen_int8_avx2;
       k.widen_e4m3 = isa_avx2::widen_e4m3_avx2;
       return k;
     }
@@ -182,7 +168,6 @@ const Kernels& kernels() {
         __builtin_cpu_supports("f16c")) {
       Kernels k{isa_avx2::sweep_entry, isa_avx2::widen_half_f16c, isa_avx2::widen_bf16_entry};
       k.round_half = isa_avx2::round_half_f16c;
-      k.widen_int8 = isa_avx2::widen_int8_avx2;
       k.widen_e4m3 = isa_avx2::widen_e4m3_avx2;
       return k;
     }
@@ -208,7 +193,6 @@ void sweep_bf16(const SweepBf16Args& a) {
 
 void widen(const Half* src, float* dst, int64_t n) { kernels().widen_half(src, dst, n); }
 void widen(const BFloat16* src, float* dst, int64_t n) { kernels().widen_bf16(src, dst, n); }
-void widen(const int8_t* src, float* dst, int64_t n) { kernels().widen_int8(src, dst, n); }
 void widen(const Float8E4M3* src, float* dst, int64_t n) { kernels().widen_e4m3(src, dst, n); }
 void round_to_half(float* x, int64_t n) { kernels().round_half(x, n); }
 

@@ -99,7 +99,9 @@ void widen(const BFloat16* src, float* dst, int64_t n);
 inline void widen(const float* src, float* dst, int64_t n) {
   if (n > 0) std::memcpy(dst, src, size_t(n) * sizeof(float));
 }
-void widen(const int8_t* src, float* dst, int64_t n);
+inline void widen(const int8_t* src, float* dst, int64_t n) {  // the compiler vectorises it
+  for (int64_t i = 0; i < n; ++i) dst[i] = float(src[i]);
+}
 void widen(const Float8E4M3* src, float* dst, int64_t n);
 
 // Running max over document rows, one lane per query token.
