@@ -388,6 +388,56 @@ FFMA_XOR = [
 ]
 
 
+def packed_float32_bytes(ms, B, C, Lq, Ld, D, fmt):
+    """packed_float32 with the documents quantised to fmt (int8 / float8_e4m3fn)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(B, Lq, D, device="cuda", generator=gen)
+    v, s = ms.quantize_documents(torch.randn(B, C, Ld, D, device="cuda", generator=gen), fmt)
+    return packed_call(ms, q, v, s)
+
+
+def contrastive_float32_bytes(ms, Nq, Lq, Nb, Ld, D, fmt):
+    """contrastive_float32 (scores only) with the documents quantised to fmt."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(Nq, Lq, D, device="cuda", generator=gen)
+    v, s = ms.quantize_documents(torch.randn(Nb * Ld, D, device="cuda", generator=gen), fmt)
+    offs = torch.arange(0, (Nb + 1) * Ld, Ld, device="cuda")
+    return lambda: ms.score_contrastive(q, v, offs, document_scales=s)
+
+
+# int8 / e4m3 documents with float32 queries on the FFMA piece loop (2026-11-29, tools/device/
+# candidates/simt_byte_pieces.patch): the bytes by 16-byte loads, widened into the pieces after
+# each chunk's FMAs, the queries by cp.async; 32-row blocks as 128-thread CTAs (four an SM),
+# 64-row padded / packed blocks at two. Padded, packed and contrastive calls at 32, 64 and 128
+# query rows, dim 96 and 102 (byte by byte), then the float32-document rows they should meet.
+FFMA_BYTES = [
+    *padded_rows([
+        ("HeavyRerank fp32 + int8 (FFMA)", {}, (32, 100, 32, 256, 128), torch.float32, "int8"),
+        ("HeavyRerank fp32 + e4m3 (FFMA)", {}, (32, 100, 32, 256, 128), torch.float32, "float8_e4m3fn"),
+        ("1 x 1000 x 300, float32 + int8", {}, (1, 1000, 32, 300, 128), torch.float32, "int8"),
+        ("LongDocStress fp32 + int8 (FFMA, BM 64)", {}, (8, 16, 64, 1024, 128), torch.float32, "int8"),
+        ("Lq 48, Ld 180, 32 x 50, float32 + e4m3 (BM 64)", {}, (32, 50, 48, 180, 128), torch.float32,
+         "float8_e4m3fn"),
+        ("Lq 96, Ld 256, fp32 + int8 (FFMA, BM 128)", {}, (16, 50, 96, 256, 128), torch.float32, "int8"),
+        ("Lq 32, Ld 180, 32 x 50, float32 + int8, dim 96", {}, (32, 50, 32, 180, 96), torch.float32, "int8"),
+        ("Lq 32, Ld 180, 32 x 50, float32 + int8, dim 102 (byte loads)", {}, (32, 50, 32, 180, 102),
+         torch.float32, "int8"),
+    ]),
+    ("32 x 50 packed pairs, Lq 32, Ld 180, float32 + int8", {},
+     lambda ms: packed_float32_bytes(ms, 32, 50, 32, 180, 128, "int8")),
+    ("contrastive float32 + int8: 64 x 256, Lq 32, Ld 180", {},
+     lambda ms: contrastive_float32_bytes(ms, 64, 32, 256, 180, 128, "int8")),
+    ("contrastive float32 + e4m3: 128 x 512, Lq 32, Ld 180 (BM 128)", {},
+     lambda ms: contrastive_float32_bytes(ms, 128, 32, 512, 180, 128, "float8_e4m3fn")),
+    *padded_rows([
+        ("HeavyRerank fp32 (FFMA, float documents: the mark)", {}, (32, 100, 32, 256, 128), torch.float32,
+         "plain"),
+        ("1 x 1000 x 300, float32 (float documents: the mark)", {}, (1, 1000, 32, 300, 128), torch.float32,
+         "plain"),
+    ]),
+]
+
+
 GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESIDUAL_PAIRS),
           "grad_documents": GRAD_DOCUMENTS, "bytes": BYTES, "query_load": QUERY_LOAD, "epilogue": EPILOGUE,
           "grad_queries": GRAD_QUERIES, "bytes_lq64": BYTES_LQ64, "tail_window": TAIL_WINDOW,
@@ -395,7 +445,7 @@ GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESI
           "residual_ffma": RESIDUAL_FFMA,
           "ffma_two_ctas": FFMA_TWO_CTAS, "ffma_async": FFMA_ASYNC,
           "ffma_sector": FFMA_SECTOR, "ffma_pieces": FFMA_PIECES, "ffma_bm128": FFMA_BM128,
-          "ffma_xor": FFMA_XOR}
+          "ffma_xor": FFMA_XOR, "ffma_bytes": FFMA_BYTES}
 
 
 def equal(a, b):
