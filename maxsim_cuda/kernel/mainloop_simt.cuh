@@ -62,9 +62,10 @@ __device__ __forceinline__ void load_run(const A* p, A* out) {
 // contiguous bytes: no bank conflict) for 8 * TM FMAs. The next K chunk's loads are issued
 // before the current chunk's FMAs, so their latency hides under them, into the other of two
 // shared-memory buffers: one barrier a chunk. Float documents with queries of the
-// accumulator's type copy each element there by cp.async (kAsyncCopy); the other formats
-// widen or decode on the way, so they load into registers and store after the FMAs, which
-// keeps QL + DL values live across them.
+// accumulator's type copy there by cp.async (kAsyncCopy); int8 / e4m3 documents with float32
+// queries (kBytePieces) copy the queries so and widen the documents' bytes into the same
+// layout after the FMAs (16 bytes a thread held across them); residual documents decode on
+// the way through registers, which keeps QL + DL values live across the FMAs.
 template <class T, class Acc_, int BM_, DocFormat F = DocFormat::kNative>
 struct SimtMainloop {
   using Elem = T;
@@ -74,15 +75,22 @@ struct SimtMainloop {
   static constexpr bool kResidual = F == DocFormat::kResidual;
   static constexpr int BM = BM_, BN = 128, kStages = 1;
   static constexpr bool kAsyncCopy = F == DocFormat::kNative && std::is_same_v<T, Acc_>;
+  // int8 / e4m3 documents with float32 queries: the same chunk layout, the queries by cp.async,
+  // the documents' bytes by 16-byte loads into registers, widened into it after a chunk's FMAs
+  // (chunks_bytes), so that every float32-query call runs the one piece loop. Against the
+  // transposed chunk through registers (256 threads, a value a lane, H200, 2026-11-29, bitwise
+  // equal): float32 + int8 HeavyRerank 0.57x, + e4m3 0.32x, contrastive 0.64-0.83x.
+  static constexpr bool kBytePieces = is_compressed<F>() && std::is_same_v<T, float> && std::is_same_v<Acc_, float>;
+  static constexpr bool kPieceLayout = kAsyncCopy || kBytePieces;
   // CTA shapes and CTAs an SM, all bitwise the same results (H200 A/B, 2026-11-28 and -29):
-  // - Float32 documents at 32 query rows (kNarrowCta): 128 threads, each a 4 x 8 tile, four
+  // - The piece layout at 32 query rows (kNarrowCta): 128 threads, each a 4 x 8 tile, four
   //   CTAs an SM. A k step reads 12 values for 32 FMAs where a 2 x 8 tile read 10 for 16, so a
   //   chunk's shared-memory reads halve and fit under its FMAs; 0.63-0.81x the time of two
   //   256-thread CTAs on the padded / packed rows.
   // - Other shapes: 256 threads, TM x 8 tiles. Two CTAs an SM (128 registers a thread) where
   //   ptxas fits them without spilling: 32 query rows with float32 accumulators and one query a
   //   step (padded, packed: float32 HeavyRerank 0.84x, with int8 documents 0.70x, 2-bit
-  //   residual 0.75-0.77x); 64 rows of float documents and queries, one query a step:
+  //   residual 0.75-0.77x); 64 rows on the piece layout, one query a step:
   //   0.89-0.94x. The contrastive 64-row shapes spill 16 bytes even so and keep one CTA, as do
   //   the register path's contrastive shapes (20-170 bytes). run_forward launches one
   //   256-thread CTA an SM where that is sooner (shared_sm_ctas).
@@ -91,7 +99,7 @@ struct SimtMainloop {
   // unmeasured (the host's occupancy query finds what the target's code allows). The value
   // may differ between compilation passes: __launch_bounds__ is read by the device pass of
   // each target only.
-  static constexpr bool kNarrowCta = kAsyncCopy && sizeof(Acc_) == 4 && BM_ == 32;
+  static constexpr bool kNarrowCta = kPieceLayout && sizeof(Acc_) == 4 && BM_ == 32;
   static constexpr int kThreads = kNarrowCta ? 128 : 256, kMinBlocks = 1;
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 890)
   static constexpr bool kTwoCtasOnTarget = false;
@@ -102,7 +110,7 @@ struct SimtMainloop {
   static constexpr int min_blocks_for() {
     if (kNarrowCta) return kTwoCtasOnTarget ? 4 : 2;
     if (!kTwoCtasOnTarget || sizeof(Acc_) != 4 || !Policy::kOneQueryPerStep) return kMinBlocks;
-    return BM_ == 32 || (BM_ == 64 && kAsyncCopy) ? 2 : kMinBlocks;
+    return BM_ == 32 || (BM_ == 64 && kPieceLayout) ? 2 : kMinBlocks;
   }
   // One 16-byte piece (V k steps) of the cp.async chunk an iteration: unrolled by 2, ptxas
   // spills the narrow BM 32 shapes (26-74 bytes) and takes BM 128 to 254 registers.
@@ -120,7 +128,7 @@ struct SimtMainloop {
 
   // One chunk: through registers [KC][QP] then [KC][DP] (transposed: a k step's rows are
   // contiguous); by cp.async [BM][KC] then [BN][KC] in 16-byte pieces (below).
-  static constexpr size_t kBuffer = kAsyncCopy ? size_t(KC) * (BM + BN) : size_t(KC) * (QP + DP);
+  static constexpr size_t kBuffer = kPieceLayout ? size_t(KC) * (BM + BN) : size_t(KC) * (QP + DP);
 
   // residual: after qvalid, the tile's row factors, then the 16 bucket weights
   static constexpr size_t kResidualBytes = kResidual ? size_t(BN) * 4 + 16 * 4 : 0;
@@ -128,8 +136,10 @@ struct SimtMainloop {
   // rows t / 4 and t / 4 + 64
   static constexpr int kResRowStep = kThreads / (KC / 8);
   static_assert(!kResidual || (KC == 32 && BN == 2 * kResRowStep && DL == 16), "residual thread map");
+  // The piece layout: room to start the chunk buffers on a 128-byte boundary (ffma_pieces).
+  static constexpr size_t kAlignSlack = kPieceLayout ? 112 : 0;
   static constexpr size_t smem_bytes() {
-    return kChunkBuffers * kBuffer * sizeof(Acc) + size_t(BM) * sizeof(int) + kResidualBytes;
+    return kAlignSlack + kChunkBuffers * kBuffer * sizeof(Acc) + size_t(BM) * sizeof(int) + kResidualBytes;
   }
 
   Acc* buf;      // kChunkBuffers chunk buffers
@@ -151,6 +161,7 @@ struct SimtMainloop {
   __device__ __forceinline__ void init(unsigned char* smem, int64_t dim_, const void*,
                                        const float* scales = nullptr) {
     doc_scales = scales;
+    if constexpr (kAlignSlack > 0) smem += (128u - smem_addr(smem) % 128u) % 128u;  // smem is 16-byte aligned
     buf = reinterpret_cast<Acc*>(smem);
     qvalid = reinterpret_cast<int*>(buf + kChunkBuffers * kBuffer);
     row_factor = reinterpret_cast<float*>(qvalid + BM);
@@ -319,7 +330,7 @@ struct SimtMainloop {
     }
   }
 
-  // kAsyncCopy: a chunk row (KC values, 128 bytes) is 8 pieces of 16 bytes (V values), piece j
+  // The piece layout: a chunk row (KC values, 128 bytes) is 8 pieces of 16 bytes (V values), piece j
   // of row r stored at position j ^ (r / 4) % 8 of the row. The copies then move whole
   // pieces: 8 lanes a row, one 128-byte line and 32 banks each (a quarter of the instructions
   // and of the shared-memory wavefronts that 4-byte copies into the transposed chunk took:
@@ -329,7 +340,7 @@ struct SimtMainloop {
   // transposed chunk (H200, 2026-11-29): float32 reranks 0.79-0.86x, contrastive 0.89-0.91x,
   // float64 0.58x, bitwise equal; dim 102 (value by value) 1.01x.
   static constexpr int V = 16 / int(sizeof(Acc)), kPieces = KC / V;
-  static_assert(!kAsyncCopy || (kPieces == 8 && kThreads % kPieces == 0), "a chunk row is 8 pieces");
+  static_assert(!kPieceLayout || (kPieces == 8 && kThreads % kPieces == 0), "a chunk row is 8 pieces");
   static constexpr int kPieceRowStep = kThreads / kPieces;  // rows between a thread's pieces
   static __device__ __forceinline__ int piece_at(int row, int j) { return j ^ ((row / 4) % 8); }
   static __device__ __forceinline__ uint32_t piece_offset(int row, int j) {
@@ -341,7 +352,8 @@ struct SimtMainloop {
   // (dim a multiple of V, both bases aligned), else value by value into the same places.
   __device__ __forceinline__ void copy_chunk(int b, const DocT* docs, int64_t row0, int cols_valid, int64_t k0) {
     const uint32_t qs = smem_addr(buf + b * kBuffer), ds = qs + uint32_t(BM * KC * sizeof(Acc));
-    const bool whole = dim % V == 0 && (reinterpret_cast<uintptr_t>(qbase) | reinterpret_cast<uintptr_t>(docs)) % 16 == 0;
+    const uintptr_t bases = reinterpret_cast<uintptr_t>(qbase) | (kAsyncCopy ? reinterpret_cast<uintptr_t>(docs) : 0);
+    const bool whole = dim % V == 0 && bases % 16 == 0;
     if (whole) {
       copy_pieces(qs, ds, docs, row0, cols_valid, k0);
     } else {
@@ -362,11 +374,13 @@ struct SimtMainloop {
       const int r = r0 + i * kPieceRowStep;
       cp_async_16_zfill(qs + piece_offset(r, j), q + i * step, qvalid[r] && k_in ? 16u : 0u);
     }
-    const DocT* d = docs + (row0 + r0) * dim + k;
+    if constexpr (kAsyncCopy) {
+      const DocT* d = docs + (row0 + r0) * dim + k;
 #pragma unroll
-    for (int i = 0; i < BN / kPieceRowStep; ++i) {
-      const int r = r0 + i * kPieceRowStep;
-      cp_async_16_zfill(ds + piece_offset(r, j), d + i * step, r < cols_valid && k_in ? 16u : 0u);
+      for (int i = 0; i < BN / kPieceRowStep; ++i) {
+        const int r = r0 + i * kPieceRowStep;
+        cp_async_16_zfill(ds + piece_offset(r, j), d + i * step, r < cols_valid && k_in ? 16u : 0u);
+      }
     }
   }
 
@@ -384,27 +398,124 @@ struct SimtMainloop {
       cp_async_ca_zfill<sizeof(Acc)>(qs + piece_offset(r, kk / V) + within, q + i * step,
                                      qvalid[r] && k_in ? uint32_t(sizeof(Acc)) : 0u);
     }
-    const DocT* d = docs + (row0 + r0) * dim + k;
+    if constexpr (kAsyncCopy) {
+      const DocT* d = docs + (row0 + r0) * dim + k;
 #pragma unroll
-    for (int i = 0; i < DL; ++i) {
-      const int r = r0 + i * kRowStep;
-      cp_async_ca_zfill<sizeof(Acc)>(ds + piece_offset(r, kk / V) + within, d + i * step,
-                                     r < cols_valid && k_in ? uint32_t(sizeof(Acc)) : 0u);
+      for (int i = 0; i < DL; ++i) {
+        const int r = r0 + i * kRowStep;
+        cp_async_ca_zfill<sizeof(Acc)>(ds + piece_offset(r, kk / V) + within, d + i * step,
+                                       r < cols_valid && k_in ? uint32_t(sizeof(Acc)) : 0u);
+      }
+    }
+  }
+
+  // kBytePieces: a chunk row of a document is 32 bytes, two 16-byte halves (4 pieces each once
+  // widened). 16-byte unit u of thread t (lane l of warp w) is half l % 2 of row
+  // 16 v + 4 ((l / 2) % 4) + l / 8, v = w + u * warps: a warp's load takes 16 whole row runs,
+  // and the 8 lanes of a quarter warp store to rows of 4 different groups at both halves, 8
+  // different piece positions: conflict-free.
+  static constexpr int kByteUnits = BN * KC / 16 / kThreads;
+  static_assert(!kBytePieces || (KC == 32 && kByteUnits * kThreads * 16 == BN * KC), "byte units");
+  static __device__ __forceinline__ int byte_unit_row(int u) {
+    const int l = threadIdx.x % 32, v = threadIdx.x / 32 + u * (kThreads / 32);
+    return 16 * v + 4 * ((l / 2) % 4) + l / 8;
+  }
+  __device__ __forceinline__ void fetch_bytes(uint4 (&v)[kByteUnits], const uint8_t* docs, int64_t row0,
+                                              int cols_valid, int64_t k0, bool whole) const {
+    const int64_t k = k0 + 16 * (threadIdx.x % 2);
+#pragma unroll
+    for (int u = 0; u < kByteUnits; ++u) {
+      const int r = byte_unit_row(u);
+      const uint8_t* p = docs + (row0 + r) * dim + k;  // dereferenced only in bounds
+      v[u] = make_uint4(0u, 0u, 0u, 0u);
+      if (r < cols_valid && k < dim) {
+        if (whole) {
+          v[u] = __ldg(reinterpret_cast<const uint4*>(p));
+        } else {
+          uint32_t w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+          for (int i = 0; i < 16; ++i) {
+            if (k + i < dim) w[i / 4] |= uint32_t(__ldg(p + i)) << (8 * (i % 4));
+          }
+          v[u] = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+      }
+    }
+  }
+  // Four document bytes -> their exact float values, in order.
+  static __device__ __forceinline__ float4 widen4(uint32_t w) {
+    if constexpr (F == DocFormat::kInt8) {
+      // byte ^ 0x80 = value + 128 under the exponent of 2^23: one PRMT and one FADD a value
+      const uint32_t x = w ^ 0x80808080u;
+      constexpr float kBias = 8388736.0f;  // 2^23 + 128
+      return make_float4(__uint_as_float(prmt(x, 0x4b000000u, 0x7540u)) - kBias,
+                         __uint_as_float(prmt(x, 0x4b000000u, 0x7541u)) - kBias,
+                         __uint_as_float(prmt(x, 0x4b000000u, 0x7542u)) - kBias,
+                         __uint_as_float(prmt(x, 0x4b000000u, 0x7543u)) - kBias);
+    } else {
+#if MAXSIM_E4M3_CVT
+      uint32_t lo, hi;  // (byte 0, byte 1), (byte 2, byte 3) on these chips (PairBytes)
+      e4m3x4_to_half2x2(w, lo, hi);
+      const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
+      const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+      return make_float4(a.x, a.y, b.x, b.y);
+#else
+      return make_float4(byte_to_float<F>(w), byte_to_float<F>(w >> 8), byte_to_float<F>(w >> 16),
+                         byte_to_float<F>(w >> 24));
+#endif
+    }
+  }
+  // The fetched bytes widened into buffer b's document pieces.
+  __device__ __forceinline__ void stash_bytes(int b, const uint4 (&v)[kByteUnits]) const {
+    float4* ds = reinterpret_cast<float4*>(buf + b * kBuffer + BM * KC);
+    const int h = threadIdx.x % 2;
+#pragma unroll
+    for (int u = 0; u < kByteUnits; ++u) {
+      const int r = byte_unit_row(u);
+      const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+      for (int p = 0; p < 4; ++p) ds[piece_offset(r, 4 * h + p) / 16] = widen4(w[p]);
+    }
+  }
+
+  // 16 bytes of shared memory as V values.
+  static __device__ __forceinline__ void load_piece(uint32_t addr, Acc (&out)[V]) {
+    if constexpr (sizeof(Acc) == 4) {
+      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=f"(out[0]), "=f"(out[1]), "=f"(out[2]), "=f"(out[3]) : "r"(addr));
+    } else {
+      asm volatile("ld.shared.v2.f64 {%0, %1}, [%2];\n" : "=d"(out[0]), "=d"(out[1]) : "r"(addr));
     }
   }
 
   // One cp.async chunk's products from buffer b into acc: per piece, the thread's TM query rows
-  // and 8 document rows (col_of(c) / 4 % 8 == tx % 8 for every c), then its V k steps in order.
+  // and 8 document rows, then its V k steps in order. Piece j of row r sits at byte
+  // (row start + 16 s) ^ 16 j, s = (r / 4) % 8: a row starts on a multiple of 128 bytes (the
+  // buffers are aligned to it: init), so the XOR only touches the piece bits. Rows of one group
+  // of 4 share s, so a piece costs one XOR for the thread's document rows (col_of(c) / 4 % 8 ==
+  // tx % 8 for every c) and one a group of its query rows; the other rows are immediate offsets.
   __device__ __forceinline__ void ffma_pieces(Acc (&acc)[TM][TN], int b) const {
-    const Acc* qs = buf + b * kBuffer;
-    const Acc* ds = qs + BM * KC;
+    static_assert(TM % 4 == 0 || 4 % TM == 0, "a thread's query rows fill whole groups of 4 or lie in one");
+    constexpr int kGroups = (TM + 3) / 4;
+    constexpr uint32_t kRowBytes = KC * sizeof(Acc);
+    static_assert(kRowBytes == 128 && kBuffer * sizeof(Acc) % 128 == 0, "rows on 128-byte boundaries");
+    const uint32_t qs = smem_addr(buf + b * kBuffer), ds = qs + BM * kRowBytes;
+    uint32_t qrow[kGroups];
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      const int r = ty * TM + 4 * g;
+      qrow[g] = qs + uint32_t(r) * kRowBytes + uint32_t(piece_at(r, 0)) * 16;
+    }
+    const uint32_t drow = ds + uint32_t(tx * 4) * kRowBytes + uint32_t(piece_at(tx * 4, 0)) * 16;
 #pragma unroll kPieceUnroll
     for (int j = 0; j < kPieces; ++j) {
+      const uint32_t x = uint32_t(j) * 16;
       Acc a[TM][V], d[TN][V];
 #pragma unroll
-      for (int r = 0; r < TM; ++r) load_run<V>(qs + (ty * TM + r) * KC + piece_at(ty * TM + r, j) * V, a[r]);
+      for (int r = 0; r < TM; ++r) load_piece((qrow[r / 4] ^ x) + uint32_t(r % 4) * kRowBytes, a[r]);
+      const uint32_t dj = drow ^ x;
 #pragma unroll
-      for (int c = 0; c < TN; ++c) load_run<V>(ds + col_of(c) * KC + (j ^ (tx % 8)) * V, d[c]);
+      for (int c = 0; c < TN; ++c) load_piece(dj + uint32_t((c < 4 ? 0 : BN / 2) + (c & 3)) * kRowBytes, d[c]);
 #pragma unroll
       for (int kq = 0; kq < V; ++kq)
 #pragma unroll
@@ -466,6 +577,33 @@ struct SimtMainloop {
     }
   }
 
+  // The tile's chunks with byte documents: the queries as chunks_async copies them, the next
+  // chunk's bytes loaded before this chunk's FMAs and widened after them (into the buffer the
+  // previous chunk used), one barrier a chunk.
+  __device__ __forceinline__ void chunks_bytes(Acc (&acc)[TM][TN], const DocT* docs, int64_t row0, int cols_valid) {
+    const bool whole = dim % 16 == 0 && reinterpret_cast<uintptr_t>(docs) % 16 == 0;
+    uint4 v[kByteUnits];
+    fetch_bytes(v, docs, row0, cols_valid, 0, whole);
+    if (dim > 0) copy_chunk(0, docs, row0, cols_valid, 0);
+    cp_async_commit();
+    stash_bytes(0, v);
+    cp_async_wait<0>();
+    __syncthreads();
+    int b = 0;
+    for (int64_t k0 = 0; k0 < dim; k0 += KC, b ^= 1) {
+      const bool more = k0 + KC < dim;
+      if (more) {
+        fetch_bytes(v, docs, row0, cols_valid, k0 + KC, whole);
+        copy_chunk(b ^ 1, docs, row0, cols_valid, k0 + KC);
+      }
+      cp_async_commit();
+      ffma_pieces(acc, b);
+      if (more) stash_bytes(b ^ 1, v);
+      cp_async_wait<0>();
+      __syncthreads();
+    }
+  }
+
   __device__ __forceinline__ void compute(int, const DocT* docs, int64_t row0, int cols_valid, int col_base, bool) {
     Acc acc[TM][TN];
 #pragma unroll
@@ -477,6 +615,8 @@ struct SimtMainloop {
     if constexpr (kResidual) start_residual_tile(row0, cols_valid);
     if constexpr (kAsyncCopy) {
       chunks_async(acc, docs, row0, cols_valid);
+    } else if constexpr (kBytePieces) {
+      chunks_bytes(acc, docs, row0, cols_valid);
     } else {
       chunks_through_registers(acc, docs, row0, cols_valid);
     }
