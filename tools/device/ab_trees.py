@@ -438,6 +438,21 @@ FFMA_BYTES = [
 ]
 
 
+# Residual documents with float32 queries on the FFMA piece loop (2026-11-29, tools/device/
+# candidates/simt_residual_pieces.patch): the decode as before, its values stored into the
+# pieces after a chunk's FMAs; 32-row blocks as 128-thread CTAs, three an SM. The residual_ffma
+# rows (the float16-query row, on the transposed chunk still, a control), a 128-row block and a
+# packed call, then the float documents' row the residual ones should approach.
+RESIDUAL_PIECES = [
+    *RESIDUAL_FFMA,
+    *padded_rows([
+        ("Lq 96 (BM 128), Ld 256, 2 bits, float32 queries", {}, (16, 50, 96, 256, 128), torch.float32, "residual2"),
+        ("1 x 1000 x 300, float32 (float documents: the mark)", {}, (1, 1000, 32, 300, 128), torch.float32,
+         "plain"),
+    ]),
+]
+
+
 GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESIDUAL_PAIRS),
           "grad_documents": GRAD_DOCUMENTS, "bytes": BYTES, "query_load": QUERY_LOAD, "epilogue": EPILOGUE,
           "grad_queries": GRAD_QUERIES, "bytes_lq64": BYTES_LQ64, "tail_window": TAIL_WINDOW,
@@ -445,7 +460,8 @@ GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESI
           "residual_ffma": RESIDUAL_FFMA,
           "ffma_two_ctas": FFMA_TWO_CTAS, "ffma_async": FFMA_ASYNC,
           "ffma_sector": FFMA_SECTOR, "ffma_pieces": FFMA_PIECES, "ffma_bm128": FFMA_BM128,
-          "ffma_xor": FFMA_XOR, "ffma_bytes": FFMA_BYTES}
+          "ffma_xor": FFMA_XOR, "ffma_bytes": FFMA_BYTES,
+          "residual_pieces": RESIDUAL_PIECES}
 
 
 def equal(a, b):
