@@ -106,9 +106,13 @@ struct SimtMainloop {
 #else
   static constexpr bool kTwoCtasOnTarget = true;
 #endif
+  // e4m3 widened by bit moves (the sm_80 code; sm_89 and up convert) needs more registers: at
+  // 128 a thread ptxas (CUDA 13.0) spills the contrastive 32-row shapes 4 bytes, so their
+  // CTAs run three an SM (the padded / packed ones fit).
+  static constexpr bool kBitMoveBytes = kBytePieces && F == DocFormat::kE4M3 && !MAXSIM_E4M3_CVT;
   template <class Policy>
   static constexpr int min_blocks_for() {
-    if (kNarrowCta) return kTwoCtasOnTarget ? 4 : 2;
+    if (kNarrowCta) return kTwoCtasOnTarget ? (kBitMoveBytes && !Policy::kOneQueryPerStep ? 3 : 4) : 2;
     if (!kTwoCtasOnTarget || sizeof(Acc_) != 4 || !Policy::kOneQueryPerStep) return kMinBlocks;
     return BM_ == 32 || (BM_ == 64 && kPieceLayout) ? 2 : kMinBlocks;
   }
