@@ -199,6 +199,15 @@ def _replace_tensors(obj, fn):
     return dataclasses.replace(obj, **changes)
 
 
+def off_sixteen_bytes(t: torch.Tensor, elements: int) -> torch.Tensor:
+    """t's values, contiguous, in fresh storage that starts `elements` elements past an
+    allocation (which torch aligns to at least 16 bytes)."""
+    flat = torch.empty(t.numel() + elements, dtype=t.dtype, device=t.device)
+    out = flat[elements:].view(t.shape)
+    out.copy_(t)
+    return out
+
+
 def flat_rows(t: torch.Tensor) -> torch.Tensor:
     """[..., D] -> [rows, D] (also when D == 0)."""
     return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])

@@ -17,7 +17,7 @@ import torch
 
 from conftest import (
     SURFACES, assert_argmax, assert_grads, assert_scores, expected_grads, make_case, make_padded,
-    unit,
+    off_sixteen_bytes, unit,
 )
 
 FORMATS = ("int8", "float8_e4m3fn")
@@ -172,6 +172,27 @@ def test_ties_resolve_exactly(device, surface, fmt, rng):
         scores, argmax = call(ms, r, scales, "_with_argmax")
         assert_scores(scores, expect, input_dtype=query_dtype, exact=True)
         assert_argmax(argmax, expect, exact=True)
+
+
+@pytest.mark.parametrize("query_dtype", (torch.float32, torch.float16), ids=str)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("surface", SURFACES)
+def test_values_off_sixteen_bytes(device, surface, fmt, query_dtype, rng):
+    """Values whose data starts one byte past a 16-byte boundary (a slice of a larger buffer)
+    score bit for bit as aligned ones, dim 64 (every row 16-byte aligned when the base is) and
+    72 (every other row off): on a GPU the kernels that load 16 bytes of a row at a time must
+    notice and take narrower loads, never a misaligned wide one."""
+    ms, dev = device
+    for dim in (64, 72):
+        case = make_case(surface, rng, n=4, Lq=12, Ld=150, D=dim, device=dev)
+        run, scales, expect = compress(ms, case, fmt, query_dtype)
+        aligned = call(ms, run, scales, "_with_argmax")
+        shifted = dataclasses.replace(run, documents=off_sixteen_bytes(run.documents, 1))
+        assert shifted.documents.data_ptr() % 16 != 0
+        scores, argmax = call(ms, shifted, scales, "_with_argmax")
+        assert torch.equal(scores, aligned[0]) and torch.equal(argmax, aligned[1]), (surface, dim)
+        assert_scores(scores, expect, input_dtype=query_dtype)
+        assert_argmax(argmax, expect)
 
 
 @pytest.mark.parametrize("surface", SURFACES)

@@ -4,8 +4,8 @@ import torch
 
 from conftest import (
     Contrastive, Packed, Padded, SURFACES, as_padded_documents, assert_argmax, assert_scores,
-    flat_rows, ids, lattice, make_case, make_contrastive, make_packed, make_padded, padded_as_packed, run_train,
-    score_dtype, unit,
+    flat_rows, ids, lattice, make_case, make_contrastive, make_packed, make_padded, off_sixteen_bytes,
+    padded_as_packed, run_train, score_dtype, unit,
 )
 
 NAN, INF = float("nan"), float("inf")
@@ -120,15 +120,6 @@ def test_every_query_against_many_multi_tile_documents(device, surface, dtype, r
     if surface == "contrastive_padded":
         case = as_padded_documents(case)
     assert_exact_with_and_without_argmax(ms, case)
-
-
-def off_sixteen_bytes(t: torch.Tensor, elements: int) -> torch.Tensor:
-    """t's values, contiguous, in fresh storage that starts `elements` elements past an
-    allocation (which torch aligns to at least 16 bytes)."""
-    flat = torch.empty(t.numel() + elements, dtype=t.dtype, device=t.device)
-    out = flat[elements:].view(t.shape)
-    out.copy_(t)
-    return out
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64], ids=str)
