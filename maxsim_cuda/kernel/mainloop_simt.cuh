@@ -89,8 +89,8 @@ struct SimtMainloop {
   //   256-thread CTAs on the padded / packed rows.
   // - Other shapes: 256 threads, TM x 8 tiles. Two CTAs an SM (128 registers a thread) where
   //   ptxas fits them without spilling: 32 query rows with float32 accumulators and one query a
-  //   step (padded, packed: float32 HeavyRerank 0.84x, with int8 documents 0.70x, 2-bit
-  //   residual 0.75-0.77x); 64 rows on the piece layout, one query a step:
+  //   step (padded, packed: 2-bit residual 0.75-0.77x; float32 and int8 documents, 0.84x and
+  //   0.70x then, are narrow CTAs since); 64 rows on the piece layout, one query a step:
   //   0.89-0.94x. The contrastive 64-row shapes spill 16 bytes even so and keep one CTA, as do
   //   the register path's contrastive shapes (20-170 bytes). run_forward launches one
   //   256-thread CTA an SM where that is sooner (shared_sm_ctas).
