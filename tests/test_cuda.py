@@ -481,7 +481,7 @@ def test_deterministic_at_scale(ms, surface):
 # for the GPU at load, so the code Ampere cards run is checked here end to end.
 
 AMPERE_CHECK = textwrap.dedent("""
-    import sys, torch
+    import dataclasses, sys, torch
     sys.path.insert(0, sys.argv[1])
     from conftest import (assert_argmax, assert_scores, assert_grads, expected_grads, load_kernel,
                           make_case, run_train, unit, SURFACES)
@@ -499,6 +499,20 @@ AMPERE_CHECK = textwrap.dedent("""
             eq, ed, bq, bd = expected_grads(case, g, argmax)
             assert_grads(gq, eq, bq, dtype)
             assert_grads(gd, ed, bd, dtype)
+    # compressed documents: the sm_80 code widens e4m3 by bit moves (sm_89 and up convert)
+    for surface in SURFACES:
+        for fmt in ("int8", "float8_e4m3fn"):
+            for dtype, lq in ((torch.float32, 20), (torch.float32, 40), (torch.float16, 40)):
+                case = make_case(surface, gen, n=5, Lq=lq, Ld=300, D=128, device="cuda")
+                values, scales = ms.quantize_documents(case.documents.float(), fmt)
+                queries = case.queries.to(dtype)
+                expect = dataclasses.replace(case, queries=queries,
+                                             documents=values.double() * scales.double().unsqueeze(-1))
+                run = dataclasses.replace(case, queries=queries, documents=values)
+                scores, argmax = getattr(ms, run.fn + "_with_argmax")(*run.args(), **run.kwargs(),
+                                                                      document_scales=scales)
+                assert_scores(scores, expect, input_dtype=dtype)
+                assert_argmax(argmax, expect)
     print("ok")
 """)
 
