@@ -179,18 +179,22 @@ def test_ties_resolve_exactly(device, surface, fmt, rng):
 @pytest.mark.parametrize("surface", SURFACES)
 def test_values_off_sixteen_bytes(device, surface, fmt, query_dtype, rng):
     """Values whose data starts one byte past a 16-byte boundary (a slice of a larger buffer)
-    score bit for bit as aligned ones, dim 64 (every row 16-byte aligned when the base is) and
-    72 (every other row off): on a GPU the kernels that load 16 bytes of a row at a time must
-    notice and take narrower loads, never a misaligned wide one."""
+    score as aligned ones, dim 96 (every row 16-byte aligned when the base is) and 72 (every
+    other row off): on a GPU the kernels that load 16 bytes of a row at a time must notice and
+    take narrower loads, never a misaligned wide one. With float32 queries both calls run the
+    same FFMA kernel, so the results must be the same bits; with float16 queries an aligned
+    call may take a TMA kernel that an unaligned one may not, whose sums can differ in their
+    last bits, so those are held to the reference."""
     ms, dev = device
-    for dim in (64, 72):
+    for dim in (96, 72):
         case = make_case(surface, rng, n=4, Lq=12, Ld=150, D=dim, device=dev)
         run, scales, expect = compress(ms, case, fmt, query_dtype)
         aligned = call(ms, run, scales, "_with_argmax")
         shifted = dataclasses.replace(run, documents=off_sixteen_bytes(run.documents, 1))
         assert shifted.documents.data_ptr() % 16 != 0
         scores, argmax = call(ms, shifted, scales, "_with_argmax")
-        assert torch.equal(scores, aligned[0]) and torch.equal(argmax, aligned[1]), (surface, dim)
+        if query_dtype == torch.float32:
+            assert torch.equal(scores, aligned[0]) and torch.equal(argmax, aligned[1]), (surface, dim)
         assert_scores(scores, expect, input_dtype=query_dtype)
         assert_argmax(argmax, expect)
 
