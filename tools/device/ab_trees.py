@@ -251,12 +251,13 @@ RESIDUAL_FFMA = padded_rows([
     ("dim 384, 2 bits, float16 queries", {}, (8, 50, 32, 180, 384), torch.float16, "residual2-f16w"),
 ])
 
-def packed_float32(ms, B, C, Lq, Ld, D):
-    """The padded grid (B, C, Lq, Ld, D) in float32 as B x C packed pairs (max_q_len given)."""
+def packed_float32(ms, B, C, Lq, Ld, D, fmt="plain"):
+    """The padded grid (B, C, Lq, Ld, D) in float32 as B x C packed pairs (max_q_len given),
+    the documents float32 or quantised to fmt (int8 / float8_e4m3fn)."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(B, Lq, D, device="cuda", generator=gen)
     d = torch.randn(B, C, Ld, D, device="cuda", generator=gen)
-    return packed_call(ms, q, d)
+    return packed_call(ms, q, d) if fmt == "plain" else packed_call(ms, q, *ms.quantize_documents(d, fmt))
 
 
 # Two CTAs an SM for the FFMA mainloop at 32 query rows (2026-11-28, tools/device/candidates/
@@ -286,15 +287,18 @@ FFMA_TWO_CTAS = [
 ]
 
 
-def contrastive_float32(ms, Nq, Lq, Nb, Ld, D, argmax=False):
+def contrastive_float32(ms, Nq, Lq, Nb, Ld, D, argmax=False, fmt="plain"):
     """Every one of Nq float32 queries against Nb packed documents of Ld tokens (FFMA under
-    torch's default "highest" precision)."""
+    torch's default "highest" precision), the documents float32 or quantised to fmt."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(Nq, Lq, D, device="cuda", generator=gen)
     d = torch.randn(Nb * Ld, D, device="cuda", generator=gen)
     offs = torch.arange(0, (Nb + 1) * Ld, Ld, device="cuda")
     fn = ms.score_contrastive_with_argmax if argmax else ms.score_contrastive
-    return lambda: fn(q, d, offs)
+    if fmt == "plain":
+        return lambda: fn(q, d, offs)
+    v, s = ms.quantize_documents(d, fmt)
+    return lambda: fn(q, v, offs, document_scales=s)
 
 
 # The FFMA mainloop's chunks by cp.async (measured 2026-11-29, landed in the commit after ad6d442):
@@ -388,23 +392,6 @@ FFMA_XOR = [
 ]
 
 
-def packed_float32_bytes(ms, B, C, Lq, Ld, D, fmt):
-    """packed_float32 with the documents quantised to fmt (int8 / float8_e4m3fn)."""
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(B, Lq, D, device="cuda", generator=gen)
-    v, s = ms.quantize_documents(torch.randn(B, C, Ld, D, device="cuda", generator=gen), fmt)
-    return packed_call(ms, q, v, s)
-
-
-def contrastive_float32_bytes(ms, Nq, Lq, Nb, Ld, D, fmt):
-    """contrastive_float32 (scores only) with the documents quantised to fmt."""
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(Nq, Lq, D, device="cuda", generator=gen)
-    v, s = ms.quantize_documents(torch.randn(Nb * Ld, D, device="cuda", generator=gen), fmt)
-    offs = torch.arange(0, (Nb + 1) * Ld, Ld, device="cuda")
-    return lambda: ms.score_contrastive(q, v, offs, document_scales=s)
-
-
 # int8 / e4m3 documents with float32 queries on the FFMA piece loop (2026-11-29, tools/device/
 # candidates/simt_byte_pieces.patch): the bytes by 16-byte loads, widened into the pieces after
 # each chunk's FMAs, the queries by cp.async; 32-row blocks as 128-thread CTAs (four an SM),
@@ -424,11 +411,11 @@ FFMA_BYTES = [
          torch.float32, "int8"),
     ]),
     ("32 x 50 packed pairs, Lq 32, Ld 180, float32 + int8", {},
-     lambda ms: packed_float32_bytes(ms, 32, 50, 32, 180, 128, "int8")),
+     lambda ms: packed_float32(ms, 32, 50, 32, 180, 128, "int8")),
     ("contrastive float32 + int8: 64 x 256, Lq 32, Ld 180", {},
-     lambda ms: contrastive_float32_bytes(ms, 64, 32, 256, 180, 128, "int8")),
+     lambda ms: contrastive_float32(ms, 64, 32, 256, 180, 128, fmt="int8")),
     ("contrastive float32 + e4m3: 128 x 512, Lq 32, Ld 180 (BM 128)", {},
-     lambda ms: contrastive_float32_bytes(ms, 128, 32, 512, 180, 128, "float8_e4m3fn")),
+     lambda ms: contrastive_float32(ms, 128, 32, 512, 180, 128, fmt="float8_e4m3fn")),
     *padded_rows([
         ("HeavyRerank fp32 (FFMA, float documents: the mark)", {}, (32, 100, 32, 256, 128), torch.float32,
          "plain"),
