@@ -64,8 +64,9 @@ __device__ __forceinline__ void load_run(const A* p, A* out) {
 // shared-memory buffers: one barrier a chunk. Float documents with queries of the
 // accumulator's type copy there by cp.async (kAsyncCopy); int8 / e4m3 documents with float32
 // queries (kBytePieces) copy the queries so and widen the documents' bytes into the same
-// layout after the FMAs (16 bytes a thread held across them); residual documents decode on
-// the way through registers, which keeps QL + DL values live across the FMAs.
+// layout after the FMAs (16 bytes a thread held across them); residual documents with float32
+// queries decode before the FMAs and store into that layout after them (kResidualPieces), with
+// 16-bit queries into a transposed chunk through registers, which keeps QL + DL values live.
 template <class T, class Acc_, int BM_, DocFormat F = DocFormat::kNative>
 struct SimtMainloop {
   using Elem = T;
@@ -77,11 +78,14 @@ struct SimtMainloop {
   static constexpr bool kAsyncCopy = F == DocFormat::kNative && std::is_same_v<T, Acc_>;
   // int8 / e4m3 documents with float32 queries: the same chunk layout, the queries by cp.async,
   // the documents' bytes by 16-byte loads into registers, widened into it after a chunk's FMAs
-  // (chunks_bytes), so that every float32-query call runs the one piece loop. Against the
+  // (chunks_widened), so that every float32-query call runs the one piece loop. Against the
   // transposed chunk through registers (256 threads, a value a lane, H200, 2026-11-29, bitwise
   // equal): float32 + int8 HeavyRerank 0.57x, + e4m3 0.32x, contrastive 0.64-0.83x.
   static constexpr bool kBytePieces = is_compressed<F>() && std::is_same_v<T, float> && std::is_same_v<Acc_, float>;
-  static constexpr bool kPieceLayout = kAsyncCopy || kBytePieces;
+  // Residual documents with float32 queries alike: decoded before a chunk's FMAs as before
+  // (fetch_residual), held across them and stored into the pieces after them.
+  static constexpr bool kResidualPieces = kResidual && std::is_same_v<T, float>;
+  static constexpr bool kPieceLayout = kAsyncCopy || kBytePieces || kResidualPieces;
   // CTA shapes and CTAs an SM, all bitwise the same results (H200 A/B, 2026-11-28 and -29):
   // - The piece layout at 32 query rows (kNarrowCta): 128 threads, each a 4 x 8 tile, four
   //   CTAs an SM. A k step reads 12 values for 32 FMAs where a 2 x 8 tile read 10 for 16, so a
@@ -112,7 +116,9 @@ struct SimtMainloop {
   static constexpr bool kBitMoveBytes = kBytePieces && F == DocFormat::kE4M3 && !MAXSIM_E4M3_CVT;
   template <class Policy>
   static constexpr int min_blocks_for() {
-    if (kNarrowCta) return kTwoCtasOnTarget ? (kBitMoveBytes && !Policy::kOneQueryPerStep ? 3 : 4) : 2;
+    // the residual decode's 32 values a thread held across the FMAs need more than 128
+    // registers: three CTAs (168)
+    if (kNarrowCta) return kTwoCtasOnTarget ? (kResidual || (kBitMoveBytes && !Policy::kOneQueryPerStep) ? 3 : 4) : 2;
     if (!kTwoCtasOnTarget || sizeof(Acc_) != 4 || !Policy::kOneQueryPerStep) return kMinBlocks;
     return BM_ == 32 || (BM_ == 64 && kPieceLayout) ? 2 : kMinBlocks;
   }
@@ -138,8 +144,20 @@ struct SimtMainloop {
   static constexpr size_t kResidualBytes = kResidual ? size_t(BN) * 4 + 16 * 4 : 0;
   // residual: thread t decodes dimensions [8g, 8g + 8) of each chunk, g = t % 4, for local
   // rows t / 4 and t / 4 + 64
-  static constexpr int kResRowStep = kThreads / (KC / 8);
-  static_assert(!kResidual || (KC == 32 && BN == 2 * kResRowStep && DL == 16), "residual thread map");
+  static constexpr int kResRowStep = kThreads / (KC / 8), kResSlots = BN / kResRowStep;
+  static_assert(!kResidual || (KC == 32 && BN % kResRowStep == 0 && DL == 8 * kResSlots), "residual thread map");
+  // The local row of the thread's residual slot u: t / 4 + u * kResRowStep on the transposed
+  // chunk (whose stash permutes dimensions instead); in pieces, the 8 lanes of a quarter warp
+  // take two rows of neighbouring groups of 4 (piece positions XORed by 1 apart), so their
+  // 16-byte stores of pieces 2 g + e (g = lane % 4) meet 8 positions.
+  static __device__ __forceinline__ int res_row(int u) {
+    if constexpr (kResidualPieces) {
+      const int l = threadIdx.x % 32, p = int(threadIdx.x / 32) + u * (kThreads / 32);
+      return 4 * (2 * p + (l / 4) % 2) + (l / 8) % 4;
+    } else {
+      return int(threadIdx.x / 4) + u * kResRowStep;
+    }
+  }
   // The piece layout: room to start the chunk buffers on a 128-byte boundary (ffma_pieces).
   static constexpr size_t kAlignSlack = kPieceLayout ? 112 : 0;
   static constexpr size_t smem_bytes() {
@@ -154,9 +172,9 @@ struct SimtMainloop {
   float* weight;            // residual: [2**nbits] bucket weights as float32
   ResidualRef res;          // residual: the codec
   int64_t res_bytes;        // residual: packed bytes per row (dim * nbits / 8)
-  int64_t res_code[2];      // residual: the codes of the thread's two rows (0 if out of range)
-  bool res_ok[2];           // residual: code in range
-  float res_ss[2];          // residual: the squares of the thread's dimensions of its rows
+  int64_t res_code[kResSlots];  // residual: the codes of the thread's rows (0 if out of range)
+  bool res_ok[kResSlots];       // residual: code in range
+  float res_ss[kResSlots];      // residual: the squares of the thread's dimensions of its rows
   int64_t dim;
   int tx, ty;
   Acc m[TM];
@@ -183,11 +201,11 @@ struct SimtMainloop {
     for (int b = threadIdx.x; b < (1 << r.nbits); b += kThreads) weight[b] = residual_weight(r, uint32_t(b));
   }
 
-  // The codes of the thread's two rows of the tile at row0; their squares start at zero.
+  // The codes of the thread's rows of the tile at row0; their squares start at zero.
   __device__ __forceinline__ void start_residual_tile(int64_t row0, int cols_valid) {
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int r = threadIdx.x / 4 + u * kResRowStep;
+    for (int u = 0; u < kResSlots; ++u) {
+      const int r = res_row(u);
       int64_t code = 0;
       if (r < cols_valid) {
         code = res.codes_is64 ? int64_t(__ldg(static_cast<const long long*>(res.codes) + row0 + r))
@@ -206,8 +224,8 @@ struct SimtMainloop {
     const int nb = res.nbits;
     const int64_t k = k0 + 8 * (threadIdx.x % 4);
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int r = threadIdx.x / 4 + u * kResRowStep;
+    for (int u = 0; u < kResSlots; ++u) {
+      const int r = res_row(u);
       if (r < cols_valid && k < dim) {  // dim is a multiple of 8: the whole group is in
         float c[8];
         residual_centroid8(res, res_code[u] * dim + k, c);
@@ -231,11 +249,11 @@ struct SimtMainloop {
   // its factor (read after the caller's barrier).
   __device__ __forceinline__ void finish_residual_tile(int cols_valid) {
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
+    for (int u = 0; u < kResSlots; ++u) {
       float ss = res_ss[u];
       ss += __shfl_xor_sync(0xffffffffu, ss, 1);
       ss += __shfl_xor_sync(0xffffffffu, ss, 2);
-      const int r = threadIdx.x / 4 + u * kResRowStep;
+      const int r = res_row(u);
       if (threadIdx.x % 4 == 0) {
         row_factor[r] = r >= cols_valid ? 0.f
                         : !res_ok[u]    ? __int_as_float(0x7fc00000)
@@ -322,7 +340,7 @@ struct SimtMainloop {
     if constexpr (kResidual) {  // dv[8u + j]: dimension 8g + j of local row t / 4 + 64u
       const int g = threadIdx.x % 4, r = threadIdx.x / 4;
 #pragma unroll
-      for (int u = 0; u < 2; ++u)
+      for (int u = 0; u < kResSlots; ++u)
 #pragma unroll
         for (int j = 0; j < 8; ++j) ds[chunk_row(8 * g + j) * DP + r + u * kResRowStep] = dv[8 * u + j];
     } else {
@@ -581,28 +599,67 @@ struct SimtMainloop {
     }
   }
 
-  // The tile's chunks with byte documents: the queries as chunks_async copies them, the next
-  // chunk's bytes loaded before this chunk's FMAs and widened after them (into the buffer the
-  // previous chunk used), one barrier a chunk.
-  __device__ __forceinline__ void chunks_bytes(Acc (&acc)[TM][TN], const DocT* docs, int64_t row0, int cols_valid) {
+  // kResidualPieces: the decoded values of the thread's slots into buffer b's pieces (dimensions
+  // 8 g .. 8 g + 7 of a row are its pieces 2 g and 2 g + 1).
+  __device__ __forceinline__ void stash_residual_pieces(int b, const Acc (&dv)[DL]) const {
+    float4* ds = reinterpret_cast<float4*>(buf + b * kBuffer + BM * KC);
+    const int g = threadIdx.x % 4;
+#pragma unroll
+    for (int u = 0; u < kResSlots; ++u) {
+      const int r = res_row(u);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const Acc* x = dv + 8 * u + 4 * e;
+        ds[piece_offset(r, 2 * g + e) / 16] = make_float4(x[0], x[1], x[2], x[3]);
+      }
+    }
+  }
+
+  // What a thread holds of the next chunk across this chunk's FMAs: 16-byte units of document
+  // bytes, or decoded residual values.
+  struct HeldChunk {
+    uint4 bytes[kBytePieces ? kByteUnits : 1];
+    Acc values[kResidualPieces ? DL : 1];
+  };
+  __device__ __forceinline__ void fetch_held(HeldChunk& h, const DocT* docs, int64_t row0, int cols_valid,
+                                             int64_t k0, bool whole) {
+    if constexpr (kResidualPieces) {
+      fetch_residual(h.values, docs, row0, cols_valid, k0);
+    } else {
+      fetch_bytes(h.bytes, docs, row0, cols_valid, k0, whole);
+    }
+  }
+  __device__ __forceinline__ void stash_held(int b, const HeldChunk& h) const {
+    if constexpr (kResidualPieces) {
+      stash_residual_pieces(b, h.values);
+    } else {
+      stash_bytes(b, h.bytes);
+    }
+  }
+
+  // The tile's chunks with byte or residual documents: the queries as chunks_async copies them,
+  // the next chunk's documents loaded (residual: decoded) before this chunk's FMAs and stored
+  // into the pieces after them (into the buffer the previous chunk used), one barrier a chunk.
+  __device__ __forceinline__ void chunks_widened(Acc (&acc)[TM][TN], const DocT* docs, int64_t row0,
+                                                 int cols_valid) {
     const bool whole = dim % 16 == 0 && reinterpret_cast<uintptr_t>(docs) % 16 == 0;
-    uint4 v[kByteUnits];
-    fetch_bytes(v, docs, row0, cols_valid, 0, whole);
+    HeldChunk h;
+    fetch_held(h, docs, row0, cols_valid, 0, whole);
     if (dim > 0) copy_chunk(0, docs, row0, cols_valid, 0);
     cp_async_commit();
-    stash_bytes(0, v);
+    stash_held(0, h);
     cp_async_wait<0>();
     __syncthreads();
     int b = 0;
     for (int64_t k0 = 0; k0 < dim; k0 += KC, b ^= 1) {
       const bool more = k0 + KC < dim;
       if (more) {
-        fetch_bytes(v, docs, row0, cols_valid, k0 + KC, whole);
+        fetch_held(h, docs, row0, cols_valid, k0 + KC, whole);
         copy_chunk(b ^ 1, docs, row0, cols_valid, k0 + KC);
       }
       cp_async_commit();
       ffma_pieces(acc, b);
-      if (more) stash_bytes(b ^ 1, v);
+      if (more) stash_held(b ^ 1, h);
       cp_async_wait<0>();
       __syncthreads();
     }
@@ -619,8 +676,8 @@ struct SimtMainloop {
     if constexpr (kResidual) start_residual_tile(row0, cols_valid);
     if constexpr (kAsyncCopy) {
       chunks_async(acc, docs, row0, cols_valid);
-    } else if constexpr (kBytePieces) {
-      chunks_bytes(acc, docs, row0, cols_valid);
+    } else if constexpr (kBytePieces || kResidualPieces) {
+      chunks_widened(acc, docs, row0, cols_valid);
     } else {
       chunks_through_registers(acc, docs, row0, cols_valid);
     }

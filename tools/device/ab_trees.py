@@ -425,8 +425,8 @@ FFMA_BYTES = [
 ]
 
 
-# Residual documents with float32 queries on the FFMA piece loop (2026-11-29, tools/device/
-# candidates/simt_residual_pieces.patch): the decode as before, its values stored into the
+# Residual documents with float32 queries on the FFMA piece loop (2026-11-29, the candidate
+# simt_residual_pieces.patch, landed the same day): the decode as before, its values stored into the
 # pieces after a chunk's FMAs; 32-row blocks as 128-thread CTAs, three an SM. The residual_ffma
 # rows (the float16-query row, on the transposed chunk still, a control), a 128-row block and a
 # packed call, then the float documents' row the residual ones should approach.
