@@ -78,7 +78,7 @@ struct SimtMainloop {
   static constexpr bool kAsyncCopy = F == DocFormat::kNative && std::is_same_v<T, Acc_>;
   // int8 / e4m3 documents with float32 queries: the same chunk layout, the queries by cp.async,
   // the documents' bytes by 16-byte loads into registers, widened into it after a chunk's FMAs
-  // (chunks_widened), so that every float32-query call runs the one piece loop. Against the
+  // (chunks), so that every float32-query call runs the one piece loop. Against the
   // transposed chunk through registers (256 threads, a value a lane, H200, 2026-11-29, bitwise
   // equal): float32 + int8 HeavyRerank 0.57x, + e4m3 0.32x, contrastive 0.64-0.83x.
   static constexpr bool kBytePieces = is_compressed<F>() && std::is_same_v<T, float> && std::is_same_v<Acc_, float>;
@@ -564,41 +564,6 @@ struct SimtMainloop {
     }
   }
 
-  // The tile's chunks through registers: chunk c + 1 loaded before chunk c's FMAs and stored
-  // into the other buffer after them (which was last read before the previous barrier).
-  __device__ __forceinline__ void chunks_through_registers(Acc (&acc)[TM][TN], const DocT* docs, int64_t row0,
-                                                           int cols_valid) {
-    Acc qv[QL], dv[DL];
-    fetch(qv, dv, docs, row0, cols_valid, 0);
-    stash(0, qv, dv);
-    __syncthreads();
-    int b = 0;
-    for (int64_t k0 = 0; k0 < dim; k0 += KC, b ^= 1) {
-      const bool more = k0 + KC < dim;
-      if (more) fetch(qv, dv, docs, row0, cols_valid, k0 + KC);
-      ffma_chunk(acc, b);
-      if (more) stash(b ^ 1, qv, dv);
-      __syncthreads();
-    }
-  }
-
-  // The tile's chunks by cp.async, one in flight: at chunk c, once it has landed and every
-  // thread is past chunk c - 1's FMAs (the barrier), chunk c + 1 goes to the buffer chunk c - 1
-  // used. One commit group a chunk, empty past the last, so wait<0> always means chunk c. The
-  // caller's next barrier orders these reads before the next tile's copies.
-  __device__ __forceinline__ void chunks_async(Acc (&acc)[TM][TN], const DocT* docs, int64_t row0, int cols_valid) {
-    if (dim > 0) copy_chunk(0, docs, row0, cols_valid, 0);
-    cp_async_commit();
-    int b = 0;
-    for (int64_t k0 = 0; k0 < dim; k0 += KC, b ^= 1) {
-      cp_async_wait<0>();
-      __syncthreads();
-      if (k0 + KC < dim) copy_chunk(b ^ 1, docs, row0, cols_valid, k0 + KC);
-      cp_async_commit();
-      ffma_pieces(acc, b);
-    }
-  }
-
   // kResidualPieces: the decoded values of the thread's slots into buffer b's pieces (dimensions
   // 8 g .. 8 g + 7 of a row are its pieces 2 g and 2 g + 1).
   __device__ __forceinline__ void stash_residual_pieces(int b, const Acc (&dv)[DL]) const {
@@ -615,53 +580,74 @@ struct SimtMainloop {
     }
   }
 
-  // What a thread holds of the next chunk across this chunk's FMAs: 16-byte units of document
-  // bytes, or decoded residual values.
+  // What a thread holds of the next chunk across this chunk's FMAs: on the register path its
+  // query and document values; on the pieces, 16-byte units of document bytes or decoded
+  // residual values (the queries, and float documents, travel by cp.async and hold nothing).
   struct HeldChunk {
+    Acc qv[kPieceLayout ? 1 : QL];
+    Acc dv[kPieceLayout && !kResidualPieces ? 1 : DL];
     uint4 bytes[kBytePieces ? kByteUnits : 1];
-    Acc values[kResidualPieces ? DL : 1];
   };
-  __device__ __forceinline__ void fetch_held(HeldChunk& h, const DocT* docs, int64_t row0, int cols_valid,
-                                             int64_t k0, bool whole) {
+  // Chunk k0's values that travel through registers (zeros past the rows and dim).
+  __device__ __forceinline__ void fetch_held(HeldChunk& h, const DocT* docs, int64_t row0, int cols_valid, int64_t k0,
+                                             bool whole_bytes) {
     if constexpr (kResidualPieces) {
-      fetch_residual(h.values, docs, row0, cols_valid, k0);
-    } else {
-      fetch_bytes(h.bytes, docs, row0, cols_valid, k0, whole);
+      fetch_residual(h.dv, docs, row0, cols_valid, k0);
+    } else if constexpr (kBytePieces) {
+      fetch_bytes(h.bytes, docs, row0, cols_valid, k0, whole_bytes);
+    } else if constexpr (!kPieceLayout) {
+      fetch(h.qv, h.dv, docs, row0, cols_valid, k0);
     }
   }
-  __device__ __forceinline__ void stash_held(int b, const HeldChunk& h) const {
+  __device__ __forceinline__ void stash_held(int b, const HeldChunk& h) {
     if constexpr (kResidualPieces) {
-      stash_residual_pieces(b, h.values);
-    } else {
+      stash_residual_pieces(b, h.dv);
+    } else if constexpr (kBytePieces) {
       stash_bytes(b, h.bytes);
+    } else if constexpr (!kPieceLayout) {
+      stash(b, h.qv, h.dv);
     }
+  }
+  static __device__ __forceinline__ void commit_copies() {
+    if constexpr (kPieceLayout) cp_async_commit();
+  }
+  static __device__ __forceinline__ void wait_copies() {
+    if constexpr (kPieceLayout) cp_async_wait<0>();
   }
 
-  // The tile's chunks with byte or residual documents: the queries as chunks_async copies them,
-  // the next chunk's documents loaded (residual: decoded) before this chunk's FMAs and stored
-  // into the pieces after them (into the buffer the previous chunk used), one barrier a chunk.
-  __device__ __forceinline__ void chunks_widened(Acc (&acc)[TM][TN], const DocT* docs, int64_t row0,
-                                                 int cols_valid) {
-    const bool whole = dim % 16 == 0 && reinterpret_cast<uintptr_t>(docs) % 16 == 0;
+  // The tile's chunks, two buffers. At chunk c (in buffer b), once its copies have landed and
+  // every thread is past chunk c - 1's FMAs (the barrier): chunk c + 1's loads (copies into the
+  // buffer chunk c - 1 used; the rest into registers), chunk c's FMAs, then what the registers
+  // hold of chunk c + 1 into its buffer (nothing is held across the loop's back edge: holding it
+  // there spilled the residual contrastive shape). One commit group a chunk, empty past the
+  // last, so wait<0> always means chunk c. The caller's next barrier orders the last chunk's
+  // reads before the next tile's loads.
+  __device__ __forceinline__ void chunks(Acc (&acc)[TM][TN], const DocT* docs, int64_t row0, int cols_valid) {
+    bool whole_bytes = false;
+    if constexpr (kBytePieces) whole_bytes = dim % 16 == 0 && reinterpret_cast<uintptr_t>(docs) % 16 == 0;
     HeldChunk h;
-    fetch_held(h, docs, row0, cols_valid, 0, whole);
-    if (dim > 0) copy_chunk(0, docs, row0, cols_valid, 0);
-    cp_async_commit();
+    fetch_held(h, docs, row0, cols_valid, 0, whole_bytes);
+    if constexpr (kPieceLayout) {
+      if (dim > 0) copy_chunk(0, docs, row0, cols_valid, 0);
+    }
+    commit_copies();
     stash_held(0, h);
-    cp_async_wait<0>();
-    __syncthreads();
     int b = 0;
     for (int64_t k0 = 0; k0 < dim; k0 += KC, b ^= 1) {
+      wait_copies();
+      __syncthreads();
       const bool more = k0 + KC < dim;
       if (more) {
-        fetch_held(h, docs, row0, cols_valid, k0 + KC, whole);
-        copy_chunk(b ^ 1, docs, row0, cols_valid, k0 + KC);
+        fetch_held(h, docs, row0, cols_valid, k0 + KC, whole_bytes);
+        if constexpr (kPieceLayout) copy_chunk(b ^ 1, docs, row0, cols_valid, k0 + KC);
       }
-      cp_async_commit();
-      ffma_pieces(acc, b);
+      commit_copies();
+      if constexpr (kPieceLayout) {
+        ffma_pieces(acc, b);
+      } else {
+        ffma_chunk(acc, b);
+      }
       if (more) stash_held(b ^ 1, h);
-      cp_async_wait<0>();
-      __syncthreads();
     }
   }
 
@@ -674,13 +660,7 @@ struct SimtMainloop {
 
     __syncthreads();  // the previous tile's buffers consumed (and qvalid written)
     if constexpr (kResidual) start_residual_tile(row0, cols_valid);
-    if constexpr (kAsyncCopy) {
-      chunks_async(acc, docs, row0, cols_valid);
-    } else if constexpr (kBytePieces || kResidualPieces) {
-      chunks_widened(acc, docs, row0, cols_valid);
-    } else {
-      chunks_through_registers(acc, docs, row0, cols_valid);
-    }
+    chunks(acc, docs, row0, cols_valid);
     if constexpr (kResidual) {
       finish_residual_tile(cols_valid);
       __syncthreads();
