@@ -2,8 +2,9 @@
 # maxsim inside PyLate and colpali-engine, on the CPU:
 #   1. a venv with the pinned libraries (.ci/integrations-*.txt; torch stays the installed one),
 #      and one for fast-plaid with the torch its extension needs (.ci/integrations-fast-plaid.txt),
-#   2. maxsim's adapter tests against the installed libraries, and PyLate's losses driven by a
-#      stub encoder with and without the patch (tests/test_compat.py, tests/integrations/),
+#   2. maxsim's adapter tests against the installed libraries, PyLate's losses driven by a
+#      stub encoder with and without the patch (tests/test_compat.py, tests/integrations/), and
+#      examples/07 (the one-line switch),
 #   3. the libraries' own CPU test files and scoring doctests, from their release sdists, with
 #      maxsim patched in (tests/integrations/maxsim_patch_plugin.py).
 # MAXSIM_REQUIRE_INTEGRATIONS=1 turns every "library missing" skip into a failure.
@@ -55,6 +56,8 @@ export MAXSIM_TEST_NO_BUILD=1 MAXSIM_REPO="$ROOT"
 cd "$ROOT"
 "$PY" -m pytest -q tests/integrations
 "$PY" -m pytest -q tests/test_compat.py -k "match_library and not semantics"
+# the one-line switch as the example shows it (it asserts both libraries' results)
+"$PY" examples/07_pylate_colpali_switch.py
 
 export PYTHONPATH="$ROOT/tests/integrations${PYTHONPATH:+:$PYTHONPATH}"
 SITE=$("$PY" -c 'import os, pylate; print(os.path.dirname(pylate.__file__))')
