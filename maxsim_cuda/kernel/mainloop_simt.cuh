@@ -142,8 +142,8 @@ struct SimtMainloop {
 
   // residual: after qvalid, the tile's row factors, then the 16 bucket weights
   static constexpr size_t kResidualBytes = kResidual ? size_t(BN) * 4 + 16 * 4 : 0;
-  // residual: thread t decodes dimensions [8g, 8g + 8) of each chunk, g = t % 4, for local
-  // rows t / 4 and t / 4 + 64
+  // residual: thread t decodes dimensions [8g, 8g + 8) of each chunk, g = t % 4, for its
+  // kResSlots local rows res_row(u)
   static constexpr int kResRowStep = kThreads / (KC / 8), kResSlots = BN / kResRowStep;
   static_assert(!kResidual || (KC == 32 && BN % kResRowStep == 0 && DL == 8 * kResSlots), "residual thread map");
   // The local row of the thread's residual slot u: t / 4 + u * kResRowStep on the transposed
@@ -337,7 +337,7 @@ struct SimtMainloop {
       const int e = threadIdx.x + i * kThreads;
       qs[chunk_row(e % KC) * QP + e / KC] = qv[i];
     }
-    if constexpr (kResidual) {  // dv[8u + j]: dimension 8g + j of local row t / 4 + 64u
+    if constexpr (kResidual) {  // dv[8u + j]: dimension 8g + j of local row res_row(u) = r + u * kResRowStep
       const int g = threadIdx.x % 4, r = threadIdx.x / 4;
 #pragma unroll
       for (int u = 0; u < kResSlots; ++u)
