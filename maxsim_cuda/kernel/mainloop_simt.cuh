@@ -658,7 +658,8 @@ struct SimtMainloop {
 #pragma unroll
       for (int c = 0; c < TN; ++c) acc[r][c] = Acc(0);
 
-    __syncthreads();  // the previous tile's buffers consumed (and qvalid written)
+    // (no barrier first: the kernel's barrier before compute() already has the previous tile's
+    // buffers consumed and qvalid written)
     if constexpr (kResidual) start_residual_tile(row0, cols_valid);
     chunks(acc, docs, row0, cols_valid);
     if constexpr (kResidual) {
