@@ -6,7 +6,12 @@ launcher's choice or by the kernel. Run on the GPU machine after a build:
 
   python3 tools/device/probe_wide.py [--dims 128,256,512,768,1024] [--lengths 180,256] [--rounds 3]
 
-Prints one JSON line per (dim, Ld) and writes $OUT/probe_wide.json.
+Prints one JSON line per (dim, Ld) and writes $OUT/probe_wide.json. With --once, each call of
+each shape runs once after a warm-up, no graphs and no timing: the form to run under Nsight
+Compute, whose kernel filter picks maxsim's kernel (or a peer's, named by an unfiltered run), e.g.
+
+  ncu --kernel-name regex:maxsim_forward_hopper --launch-skip 1 --launch-count 1 \
+      python3 tools/device/probe_wide.py --dims 256 --lengths 180 --once default
 """
 from __future__ import annotations
 
@@ -34,11 +39,12 @@ VARIANTS = {
 SAME_BITS = ("one_cta",)
 
 
-def timed(fn, env):
+def with_env(env, fn):
+    """fn() under env (the launchers read their knobs per call, so also at graph capture)."""
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        return graph_time_ms(fn) * 1e3
+        return fn()
     finally:
         for k, v in saved.items():
             if v is None:
@@ -54,6 +60,8 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--cands", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--once", metavar="NAMES", help="comma-separated variants / peers: each called "
+                    "twice (a warm-up, then the call to profile), nothing timed")
     args = ap.parse_args()
     import kernels
     ms = kernels.get_local_kernel(ROOT, backend="cuda")
@@ -82,13 +90,18 @@ def main():
                      if not (name == "streamed" and D > 128)}
             for name, fn in peers.items():
                 calls[name] = ((lambda fn=fn: fn(q, d)), {})  # noqa: B023
+            if args.once:
+                for name in args.once.split(","):
+                    fn, env = calls[name]
+                    for _ in range(2):
+                        with_env(env, fn)
+                    torch.cuda.synchronize()
+                    print(name, "called", flush=True)
+                continue
             ref = ms.score_candidates_padded(q, d, ql, dl)
             for name, (fn, env) in calls.items():  # every variant scores the same (within fp32 order)
-                timed(fn, env)
-                os.environ.update(env)
-                out = fn()
-                for k in env:
-                    os.environ.pop(k, None)
+                with_env(env, lambda: graph_time_ms(fn))  # noqa: B023  (the graph path, once)
+                out = with_env(env, fn)
                 if name in SAME_BITS and D > 128:
                     assert torch.equal(out, ref), (D, Ld, name)
                 err = (out.float() - ref.float()).abs().max().item()
@@ -96,8 +109,8 @@ def main():
             samples = {name: [] for name in calls}
             for _ in range(args.rounds):
                 for name, (fn, env) in calls.items():
-                    samples[name].append(timed(fn, env))
-            copy_us = timed(lambda: d.clone(), {})  # noqa: B023  (reads and writes the documents)
+                    samples[name].append(with_env(env, lambda: graph_time_ms(fn)) * 1e3)  # noqa: B023
+            copy_us = graph_time_ms(lambda: d.clone()) * 1e3  # noqa: B023  (reads and writes the documents)
             row = {"dim": D, "Ld": Ld, "B": B, "C": C, "doc_MB": round(d.numel() * 2 / 1e6, 2),
                    "clone_us": round(copy_us, 2)}
             row.update({name: round(statistics.median(v), 2) for name, v in samples.items()})
@@ -107,6 +120,8 @@ def main():
             rows.append(row)
             del q, d
             torch.cuda.empty_cache()
+    if args.once:
+        return
     out = Path(os.environ.get("OUT", "/tmp/out")) / "probe_wide.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
