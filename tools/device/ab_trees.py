@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_compressed import graph_time_ms  # noqa: E402
+from bench_compressed import graph_time_ms, knobs  # noqa: E402
 from probe_long_steps import packed_call  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -483,9 +482,7 @@ def main():
         if g not in GROUPS:
             raise SystemExit(f"--group {g}: not one of {', '.join(sorted(GROUPS))}")
     for name, env, make in [row for g in groups for row in GROUPS[g]]:
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
+        with knobs(env):
             calls = {t: make(ms) for t, ms in trees.items()}
             expected = calls["base"]()
             same = {n: equal(expected, calls[n]()) for n in names}
@@ -493,12 +490,6 @@ def main():
             for _ in range(args.rounds):
                 for t, fn in calls.items():
                     times[t].append(graph_time_ms(fn))
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         base_ms = statistics.median(times["base"])
         row = {"call": name, **{f"bitwise_equal{suffix(n)}": same[n] for n in names},
                **{f"{t}_ms": [round(x, 5) for x in v] for t, v in times.items()},

@@ -13,6 +13,7 @@ Run on the device from the repository root after a CUDA build:
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import statistics
@@ -31,6 +32,22 @@ def load_kernel():
 
     ms = kernels.get_local_kernel(ROOT, backend="cuda")
     return ms, importlib.import_module(ms.__name__ + "._ops").ops
+
+
+@contextlib.contextmanager
+def knobs(env):
+    """The environment settings env for the block's calls, the earlier values restored after it
+    (the CUDA launchers read their knobs per call, so also at a graph's capture)."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def graph_time_ms(fn, reps=20, replays=7):
@@ -149,10 +166,8 @@ def main():
             ms = base if fmt == "fp16" else graph_time_ms(fn)
             others = []
             for _, env in variants:
-                os.environ.update(env)
-                others.append(graph_time_ms(fn))
-                for k in env:
-                    os.environ.pop(k)
+                with knobs(env):
+                    others.append(graph_time_ms(fn))
             tbs = (dbytes + qbytes) / (ms * 1e-3) / 1e12
             print(f"{name:<20} {fmt:<6} {ms:8.4f} {ms / base:7.3f} {tbs:6.2f}"
                   + "".join(f" {o:12.4f}" for o in others), flush=True)

@@ -8,7 +8,6 @@ one-element torch op as the graph's floor. Run on the GPU machine after a build:
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools" / "device"))
-from bench_compressed import graph_time_ms
+from bench_compressed import graph_time_ms, knobs
 
 SHAPES = ((1, 180), (2, 180), (5, 180), (10, 180), (20, 180), (10, 64), (10, 32), (10, 512))  # (C, Ld)
 VARIANTS = (("default", {}), ("mma", {"MAXSIM_CUDA_FORCE_MMA_SYNC": "1"}),
@@ -43,12 +42,8 @@ def main():
         dl = torch.full((B, C), Ld, device="cuda", dtype=torch.int32)
         row = {"C": C, "Ld": Ld}
         for name, env in VARIANTS:
-            os.environ.update(env)
-            try:
+            with knobs(env):
                 row[name] = us(lambda: ms.score_candidates_padded(q, d, ql, dl))  # noqa: B023
-            finally:
-                for k in env:
-                    os.environ.pop(k)
         row["lik"] = us(lambda: lik.maxsim(q, d, None, None))  # noqa: B023
         print(json.dumps(row), flush=True)
 

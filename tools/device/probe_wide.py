@@ -26,7 +26,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools" / "device"))
-from bench_compressed import graph_time_ms
+from bench_compressed import graph_time_ms, knobs
 
 # name -> environment of the call (read by the launchers at capture time)
 VARIANTS = {
@@ -37,20 +37,6 @@ VARIANTS = {
 }
 # the same MMAs in the same order as the default's: bit for bit its scores
 SAME_BITS = ("one_cta",)
-
-
-def with_env(env, fn):
-    """fn() under env (the launchers read their knobs per call, so also at graph capture)."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        return fn()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def main():
@@ -93,15 +79,17 @@ def main():
             if args.once:
                 for name in args.once.split(","):
                     fn, env = calls[name]
-                    for _ in range(2):
-                        with_env(env, fn)
+                    with knobs(env):
+                        fn()
+                        fn()
                     torch.cuda.synchronize()
                     print(name, "called", flush=True)
                 continue
             ref = ms.score_candidates_padded(q, d, ql, dl)
             for name, (fn, env) in calls.items():  # every variant scores the same (within fp32 order)
-                with_env(env, lambda: graph_time_ms(fn))  # noqa: B023  (the graph path, once)
-                out = with_env(env, fn)
+                with knobs(env):
+                    graph_time_ms(fn)  # the graph path, once
+                    out = fn()
                 if name in SAME_BITS and D > 128:
                     assert torch.equal(out, ref), (D, Ld, name)
                 err = (out.float() - ref.float()).abs().max().item()
@@ -109,7 +97,8 @@ def main():
             samples = {name: [] for name in calls}
             for _ in range(args.rounds):
                 for name, (fn, env) in calls.items():
-                    samples[name].append(with_env(env, lambda: graph_time_ms(fn)) * 1e3)  # noqa: B023
+                    with knobs(env):
+                        samples[name].append(graph_time_ms(fn) * 1e3)
             copy_us = graph_time_ms(lambda: d.clone()) * 1e3  # noqa: B023  (reads and writes the documents)
             row = {"dim": D, "Ld": Ld, "B": B, "C": C, "doc_MB": round(d.numel() * 2 / 1e6, 2),
                    "clone_us": round(copy_us, 2)}
@@ -118,8 +107,6 @@ def main():
                 if peers else None
             print(json.dumps(row), flush=True)
             rows.append(row)
-            del q, d
-            torch.cuda.empty_cache()
     if args.once:
         return
     out = Path(os.environ.get("OUT", "/tmp/out")) / "probe_wide.json"
