@@ -439,6 +439,29 @@ RESIDUAL_PIECES = [
 ]
 
 
+# The sm_90a producer's index reads a step ahead in two halves (2026-11-30, the candidate
+# hopper_index_ahead.patch): every sm_90a surface and document format, the rows behind a peer
+# first (the wide full reranks, Rerank full), the packed rows (two dependent reads a step),
+# the corpus rows (contrastive offsets), the byte kernel, a one-step-a-CTA row, and controls on
+# kernels the patch leaves alone (mma.sync forced, float32 on the FFMA path).
+INDEX_AHEAD = [
+    *((f"{n} {lay} {fmt or 'float16'}", {}, lambda ms, n=n, lay=lay, f=fmt: workload_call(ms, n, lay, f))
+      for n, lay, fmt in (("RerankD256", "full", None), ("RerankD512", "full", None),
+                          ("RerankD1024", "full", None), ("Rerank", "full", None),
+                          ("HeavyRerank", "full", None), ("HeavyRerank", "ragged", None),
+                          ("ColPaliRerank", "full", None), ("RerankPacked", "ragged", None),
+                          ("HeavyRerankPacked", "ragged", None), ("LongDocStressPacked", "ragged", None),
+                          ("SingleQueryRerankPacked", "ragged", None), ("SmallRerankPacked", "ragged", None),
+                          ("ColBERTCorpus", "ragged", None), ("ColPaliCorpus", "ragged", None),
+                          ("HeavyRerank", "full", "int8"), ("HeavyRerankPacked", "ragged", "int8"),
+                          ("LongDocStress", "ragged", "int8"))),
+    ("BigColBERT forward (argmax)", {}, lambda ms: W.raw_training_ops(ms, "BigColBERT")[0]),
+    ("HeavyRerank full float16, mma.sync forced (control)", {MMA: "1"},
+     lambda ms: workload_call(ms, "HeavyRerank", "full")),
+    *padded_rows([("HeavyRerank fp32 (FFMA, control)", {}, (32, 100, 32, 256, 128), torch.float32, "plain")]),
+]
+
+
 GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESIDUAL_PAIRS),
           "grad_documents": GRAD_DOCUMENTS, "bytes": BYTES, "query_load": QUERY_LOAD, "epilogue": EPILOGUE,
           "grad_queries": GRAD_QUERIES, "bytes_lq64": BYTES_LQ64, "tail_window": TAIL_WINDOW,
@@ -447,7 +470,7 @@ GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESI
           "ffma_two_ctas": FFMA_TWO_CTAS, "ffma_async": FFMA_ASYNC,
           "ffma_sector": FFMA_SECTOR, "ffma_pieces": FFMA_PIECES, "ffma_bm128": FFMA_BM128,
           "ffma_xor": FFMA_XOR, "ffma_bytes": FFMA_BYTES,
-          "residual_pieces": RESIDUAL_PIECES}
+          "residual_pieces": RESIDUAL_PIECES, "index_ahead": INDEX_AHEAD}
 
 
 def equal(a, b):
