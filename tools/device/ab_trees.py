@@ -441,9 +441,10 @@ RESIDUAL_PIECES = [
 
 # The sm_90a producer's index reads a step ahead in two halves (2026-11-30, the candidate
 # hopper_index_ahead.patch): every sm_90a surface and document format, the rows behind a peer
-# first (the wide full reranks, Rerank full), the packed rows (two dependent reads a step),
-# the corpus rows (contrastive offsets), the byte kernel, a one-step-a-CTA row, and controls on
-# kernels the patch leaves alone (mma.sync forced, float32 on the FFMA path).
+# first (the wide full reranks, Rerank full), the packed rows (two dependent reads a step), the
+# corpus rows (contrastive offsets), the byte kernel; then the small rows (SmallRerank, Rerank
+# ragged: the rule leaves some on the mma.sync kernels, which the patch does not touch) and
+# controls on kernels it does not touch (mma.sync forced, float32 on the FFMA path).
 INDEX_AHEAD = [
     *((f"{n} {lay} {fmt or 'float16'}", {}, lambda ms, n=n, lay=lay, f=fmt: workload_call(ms, n, lay, f))
       for n, lay, fmt in (("RerankD256", "full", None), ("RerankD512", "full", None),
@@ -454,11 +455,13 @@ INDEX_AHEAD = [
                           ("SingleQueryRerankPacked", "ragged", None), ("SmallRerankPacked", "ragged", None),
                           ("ColBERTCorpus", "ragged", None), ("ColPaliCorpus", "ragged", None),
                           ("HeavyRerank", "full", "int8"), ("HeavyRerankPacked", "ragged", "int8"),
-                          ("LongDocStress", "ragged", "int8"))),
+                          ("LongDocStress", "ragged", "int8"), ("SmallRerank", "full", None),
+                          ("SmallRerank", "ragged", None), ("Rerank", "ragged", None),
+                          ("SmallRerank", "full", "int8"))),
     ("BigColBERT forward (argmax)", {}, lambda ms: W.raw_training_ops(ms, "BigColBERT")[0]),
-    ("HeavyRerank full float16, mma.sync forced (control)", {MMA: "1"},
-     lambda ms: workload_call(ms, "HeavyRerank", "full")),
-    *padded_rows([("HeavyRerank fp32 (FFMA, control)", {}, (32, 100, 32, 256, 128), torch.float32, "plain")]),
+    *((f"{n} {lay} float16, mma.sync forced", {MMA: "1"}, lambda ms, n=n, lay=lay: workload_call(ms, n, lay))
+      for n, lay in (("HeavyRerank", "full"), ("HeavyRerank", "ragged"), ("HeavyRerankPacked", "ragged"))),
+    *padded_rows([("HeavyRerank fp32 (FFMA)", {}, (32, 100, 32, 256, 128), torch.float32, "plain")]),
 ]
 
 
