@@ -17,7 +17,6 @@ An eager time close to the host time means the call is host-bound; the graph tim
 the kernels cost. Add `profile` for a torch.profiler table of the training step.
 """
 import dataclasses
-import os
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tools" / "device"))
 import workloads as W  # noqa: E402
+from bench_compressed import knobs  # noqa: E402
 
 maxsim = kernels.get_local_kernel(ROOT)
 ops = maxsim._ops.ops
@@ -174,11 +175,8 @@ def ab_probe(settings, shapes):
         fn = lambda: W.maxsim_call(maxsim, x)  # noqa: E731
         calls, graphs = 20, {}
         for setting in ["default"] + settings:
-            pairs = [kv.split("=", 1) for kv in setting.split("+") if "=" in kv]
-            os.environ.update(dict(pairs))
-            graphs[setting] = capture(fn, calls)
-            for key, _ in pairs:
-                os.environ.pop(key)
+            with knobs(dict(kv.split("=", 1) for kv in setting.split("+") if "=" in kv)):
+                graphs[setting] = capture(fn, calls)
         times = {k: [] for k in graphs}
         for _ in range(5):
             for k, gr in graphs.items():
