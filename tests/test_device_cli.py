@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -280,3 +281,23 @@ def test_kernel_candidates_still_apply_and_are_described(patch):
         pytest.skip("needs git and a git checkout")
     r = subprocess.run(["git", "apply", "--check", str(patch)], cwd=REPO_ROOT, capture_output=True, text=True)
     assert r.returncode == 0, f"{patch.name} no longer applies; rebase it or drop it:\n{r.stderr}"
+
+
+BENCH = _load_source_module("maxsim_bench_compressed", REPO_ROOT / "tools" / "device" / "bench_compressed.py")
+
+
+def test_knobs_restore_what_was_set_before(monkeypatch):
+    """The device scripts' knob A/B (ab_trees, bench_compressed, overhead, probe_small,
+    probe_wide) sets a call's environment and must leave the run's own settings as they were:
+    a knob set before is restored, one that was unset is removed, also when the block raises."""
+    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_RESIDENT", "0")
+    monkeypatch.delenv("MAXSIM_CUDA_FORCE_MMA_SYNC", raising=False)
+    env = {"MAXSIM_CUDA_HOPPER_RESIDENT": "1", "MAXSIM_CUDA_FORCE_MMA_SYNC": "1"}
+    with BENCH.knobs(env):
+        assert {k: os.environ.get(k) for k in env} == env
+    assert os.environ["MAXSIM_CUDA_HOPPER_RESIDENT"] == "0"
+    assert "MAXSIM_CUDA_FORCE_MMA_SYNC" not in os.environ
+    with pytest.raises(RuntimeError), BENCH.knobs(env):
+        raise RuntimeError
+    assert os.environ["MAXSIM_CUDA_HOPPER_RESIDENT"] == "0"
+    assert "MAXSIM_CUDA_FORCE_MMA_SYNC" not in os.environ
