@@ -620,6 +620,57 @@ def test_packed_bad_ids_and_offsets(ms, monkeypatch, rng):
     torch.testing.assert_close(s_h.nan_to_num(), s_m.nan_to_num(), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=["int32", "int64"])
+def test_index_reads_of_either_width(ms, monkeypatch, rng, index_dtype):
+    """The sm_90a producer reads a step's lengths, offsets and pair ids a step before it looks
+    at them, each width into its own register (IndexView::issue): int32 and int64 indices,
+    lengths past either end (clamped), empty documents and queries, packed ids and offsets
+    that make a pair bad, over many steps a CTA (the reads wrap the walk), against the float64
+    reference and the mma.sync kernels, and nothing read or written out of bounds."""
+    monkeypatch.delenv("MAXSIM_CHECK_VALUES", raising=False)
+    B, C, lq, ld, dim = 8, 90, 32, 180, 256
+    d_lens = rand_lengths(rng, (B, C), ld)
+    flat = d_lens.view(-1)
+    flat[1::7], flat[2::11], flat[3::13] = -5, ld + 70, 0
+    q_lens = torch.tensor([lq, -2, lq + 9, 0, 17, 1, lq, 5])
+    case = make_padded(rng, B, C, lq, ld, dim, dtype=torch.float16, device="cuda", q_lens=q_lens,
+                       d_lens=d_lens, index_dtype=index_dtype)
+    (s_h, a_h), (s_m, a_m) = both_paths(monkeypatch, lambda: case.call(ms, "_with_argmax"))
+    torch.cuda.synchronize()
+    clamped = dataclasses.replace(case, query_lengths=case.query_lengths.clamp(0, lq),
+                                  doc_lengths=case.doc_lengths.clamp(0, ld))
+    assert_scores(s_h, clamped)
+    assert_argmax(a_h, clamped)
+    torch.testing.assert_close(s_h, s_m, rtol=1e-5, atol=1e-4)
+
+    d_real = rand_lengths(rng, (40,), 300).tolist()
+    contrastive = make_contrastive(rng, 6, lq, d_real, dim, dtype=torch.bfloat16, device="cuda",
+                                   index_dtype=index_dtype)
+    (s_h, a_h), _ = both_paths(monkeypatch, lambda: contrastive.call(ms, "_with_argmax"))
+    assert_scores(s_h, contrastive)
+    assert_argmax(a_h, contrastive)
+
+    q_real, d_real = [5, 40, 0, 64, 32], [300, 3, 6, 129, 70, 0, 180]
+    pairs = [(q, d) for q in range(5) for d in range(7)] * 9
+    pairs[::17] = [(-1, 0)] * len(pairs[::17])
+    pairs[5::23] = [(1, 7)] * len(pairs[5::23])
+    packed = make_packed(rng, q_real, d_real, dim, pairs=pairs, dtype=torch.float16, device="cuda",
+                         index_dtype=index_dtype, max_q_len=64)
+    offs = packed.document_offsets.clone()
+    offs[3] = offs[4] + 1  # document 3 ends before it starts (bad); document 2 grows, valid
+    broken = dataclasses.replace(packed, document_offsets=offs)
+    (s_h, a_h), (s_m, a_m) = both_paths(monkeypatch, lambda: broken.call(ms, "_with_argmax"))
+    torch.cuda.synchronize()
+    nan = torch.tensor([not (0 <= q < 5 and 0 <= d < 7) or d == 3 for q, d in pairs])
+    assert torch.equal(s_h.isnan().cpu(), nan) and torch.equal(s_m.isnan().cpu(), nan)
+    assert (a_h[nan.cuda()] == -1).all()
+    keep = (~nan).nonzero().flatten().tolist()
+    ok = dataclasses.replace(broken, pair_query_ids=broken.pair_query_ids[keep],
+                             pair_document_ids=broken.pair_document_ids[keep])
+    assert_scores(s_h[keep], ok)
+    assert_argmax(a_h[keep], ok)
+
+
 def test_packed_query_longer_than_max_q_len(ms, monkeypatch, rng):
     """max_q_len below the longest query (not checked on a GPU): the kernel's chunks cannot
     hold that query, so its pairs score NaN with argmax -1 here (the mma.sync kernels score

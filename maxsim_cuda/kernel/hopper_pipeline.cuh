@@ -57,7 +57,7 @@ struct TileInfo {
   int64_t doc, len;  // len: the document's rows (0 when bad)
   int32_t tile;      // index within the document
   int32_t flags;     // kTileOk: offsets valid; kTileLast: the document's last tile; and back()
-  int32_t qlen;      // strided walks (a query per step): the query's length (policy qlen_of)
+  int32_t qlen;      // strided walks (a query per step): the query's length (StepRows::qlen)
   int32_t scale_shift;  // byte shape: where the tile's first row scale sits in the slot's scales
   // Rows the slot starts before row tile * BN: a short last tile's window (tail_back). In
   // flags' high bits, so that the one shuffle making flags warp-uniform covers it.

@@ -79,44 +79,26 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
   if constexpr (Shape::kScaleBytes > 0) prefetch_tensormap(smap);
   wait_prior_grids();  // before the first index read
   StepWalk<Policy::kStrided> walk(range, pol.Nb, hp.runs);
-  // A step's index reads, made a step ahead: the document's rows, and on a strided walk
+  // A step's index reads, issued a step ahead (while the step before it issues its tiles)
+  // and looked at only when its own step starts: the document's rows, and on a strided walk
   // (a query per step) the query's length, which travels in the TileInfo instead of being
   // read by the consumers per step (a global read and two warpgroup barriers in front of
   // every step's first tile). A pair grid reads the query's first row here too, from the
-  // pair's ids, which it reads a step earlier still (ids2, for walk2's step), so that no
-  // read waits for another within a step.
-  struct Ahead {
-    int64_t row0 = 0, len = 0, qrow0 = 0;
-    int32_t qlen = 0;
-    bool ok = false;
-  };
-  [[maybe_unused]] auto read_ahead = [&](int64_t set, int64_t n) {
-    Ahead a;
-    if constexpr (!Policy::kPairRows) {
-      a.ok = pol.doc_rows(block_query(hp, set * C), n, a.row0, a.len);
-      if constexpr (Policy::kStrided) a.qlen = static_cast<int32_t>(pol.qlen_of(block_query(hp, set * C)));
-    }
-    return a;
-  };
-  [[maybe_unused]] auto read_pair = [&](const auto& ids) {
-    Ahead a;
-    if constexpr (Policy::kPairRows) {
-      int64_t ql = 0;
-      a.ok = pol.pair_rows(ids, a.qrow0, ql, a.row0, a.len);
-      a.qlen = a.ok ? static_cast<int32_t>(ql) : -1;
-    }
-    return a;
-  };
-  Ahead next;
+  // pair's ids, which it issues a step earlier still (ids2, for walk2's step), so that no
+  // read waits for another within a step. Looked at in the step that issued them, the
+  // reads cost the producer their whole latency before that step's first tile: a length
+  // that misses in L2 waits behind the documents' own traffic.
+  typename Policy::StepRead next;
   StepWalk<Policy::kStrided> walk2 = walk;  // pair grids: the step after walk's
   walk2.next();
   auto ids2 = [&] {
     if constexpr (Policy::kPairRows) {
-      // a pair grid's step s is block s (Nb = 1, one consumer)
-      next = read_pair(pol.pair_ids(block_query(hp, walk.s)));
-      return pol.pair_ids(block_query(hp, walk2.more() ? walk2.s : walk.s));
+      // a pair grid's step s is block s (Nb = 1, one consumer); the first step's ids are
+      // looked at at once (nothing to hide them behind)
+      next = pol.issue_pair(pol.ids_of(pol.issue_ids(block_query(hp, walk.s))));
+      return pol.issue_ids(block_query(hp, walk2.more() ? walk2.s : walk.s));
     } else {
-      next = read_ahead(walk.set, walk.n);
+      next = pol.issue_step(block_query(hp, walk.set * C), walk.n);
       return 0;
     }
   }();
@@ -137,7 +119,7 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
     }
   };
   while (walk.more()) {
-    const Ahead cur = next;
+    const StepRows cur = pol.step_rows(next);
     const int64_t cur_n = walk.n, cur_row0 = cur.row0;
     int64_t cur_len = cur.ok ? cur.len : 0;
     const bool cur_ok = cur.ok;
@@ -146,11 +128,11 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
     walk.next();
     if (walk.more()) {  // consumed one iteration later
       if constexpr (Policy::kPairRows) {
-        next = read_pair(ids2);
+        next = pol.issue_pair(pol.ids_of(ids2));
         walk2.next();
-        if (walk2.more()) ids2 = pol.pair_ids(block_query(hp, walk2.s));
+        if (walk2.more()) ids2 = pol.issue_ids(block_query(hp, walk2.s));
       } else {
-        next = read_ahead(walk.set, walk.n);
+        next = pol.issue_step(block_query(hp, walk.set * C), walk.n);
       }
     }
     bool new_query = false;  // this step's first tile tells the consumers (kTileQuery)

@@ -42,10 +42,49 @@ struct IndexView {
     v = load(i);
     return true;
   }
+  // A read in two halves, for the sm_90a producer's reads a step ahead: issue() starts the
+  // load, value() makes the int64 a step later. Each width loads into its own register:
+  // merging the two predicated loads into one value (what load() and fetch() compile to)
+  // is an instruction that reads the loaded register, and the warp waits for the load
+  // there, at the read, before anything after it is issued.
+  struct Pending {
+    int64_t v64 = 0;
+    int32_t v32 = 0;
+    bool ok = false;  // i lay inside the tensor
+  };
+  __device__ __forceinline__ Pending issue(int64_t i) const {
+    Pending r;
+    r.ok = ptr != nullptr && i >= 0 && i < size;
+    if (r.ok) {
+      if (is64) {
+        r.v64 = __ldg(static_cast<const long long*>(ptr) + i);
+      } else {
+        r.v32 = __ldg(static_cast<const int*>(ptr) + i);
+      }
+    }
+    return r;
+  }
+  __device__ __forceinline__ int64_t value(const Pending& r) const { return is64 ? r.v64 : int64_t(r.v32); }
+};
+
+// What the sm_90a producer knows of a step once its reads are in: the document's rows, and
+// on the strided grids the query's length (-1: unreadable, a bad pair) and, on pair grids,
+// its first row. ok = false: a bad document or pair.
+struct StepRows {
+  int64_t row0 = 0, len = 0, qrow0 = 0;
+  int32_t qlen = 0;
+  bool ok = false;
 };
 
 __device__ __forceinline__ int64_t clamp64(int64_t v, int64_t lo, int64_t hi) {
   return v < lo ? lo : (v > hi ? hi : v);
+}
+
+// Whether offsets a, b cut a segment [a, b) out of a tensor of `rows` rows; branch-free, for the
+// checks of reads made a step ahead (segment() keeps its early returns: the mma.sync kernels
+// compile differently with this form).
+__device__ __forceinline__ bool segment_fits(int64_t a, int64_t b, int64_t rows) {
+  return (a >= 0) & (b >= a) & (b <= rows);
 }
 
 // Reads segment [o0, o1) = offsets[k], offsets[k+1]; false if k or the range is invalid.
@@ -59,8 +98,9 @@ __device__ __forceinline__ bool segment(const IndexView& offs, int64_t k, int64_
   return true;
 }
 
-// The (query id, document id) of pair p, by predicated reads (issued together, nothing
-// waits for them here); ok = false when p lies outside either tensor. Both packed policies.
+// The (query id, document id) of pair p, by predicated reads issued together; ok = false
+// when p lies outside either tensor. PackedPolicy reads them with fetch_pair_ids (each
+// width's load merged into one value at once), PackedGrid in two halves (issue_ids, ids_of).
 struct PairIds {
   int64_t qid, did;
   bool ok;
@@ -131,11 +171,28 @@ struct PaddedPolicy {
 
 // Where contrastive document n's rows are: a segment of packed rows cut by offsets, or row
 // n of a padded [Nb, Ld, D] tensor holding clamp(lengths[n], 0, Ld) real rows.
+// rows() reads and checks at once; issue_rows() / rows_of() are the same in two halves
+// (IndexView::issue), for the sm_90a producer.
 struct OffsetDocuments {
   IndexView doffs;
   int64_t Nb, T;
   __device__ __forceinline__ bool rows(int64_t n, int64_t& row0, int64_t& len) const {
     return segment(doffs, n, Nb, T, row0, len);
+  }
+  struct RowsRead {
+    IndexView::Pending a, b;
+    bool in_range;
+  };
+  __device__ __forceinline__ RowsRead issue_rows(int64_t n) const {
+    const bool in_range = n >= 0 && n < Nb;
+    return {doffs.issue(in_range ? n : -1), doffs.issue(in_range ? n + 1 : -1), in_range};
+  }
+  __device__ __forceinline__ bool rows_of(const RowsRead& r, int64_t& row0, int64_t& len) const {
+    const int64_t a = doffs.value(r.a), b = doffs.value(r.b);
+    if (!(r.in_range && r.a.ok && r.b.ok && segment_fits(a, b, T))) return false;
+    row0 = a;
+    len = b - a;
+    return true;
   }
 };
 struct PaddedDocuments {
@@ -146,6 +203,21 @@ struct PaddedDocuments {
     if (n < 0 || n >= Nb || !dlens.get(n, v)) return false;
     row0 = n * Ld;
     len = clamp64(v, 0, Ld);
+    return true;
+  }
+  struct RowsRead {
+    IndexView::Pending len;
+    int64_t n;
+    bool in_range;
+  };
+  __device__ __forceinline__ RowsRead issue_rows(int64_t n) const {
+    const bool in_range = n >= 0 && n < Nb;
+    return {dlens.issue(in_range ? n : -1), n, in_range};
+  }
+  __device__ __forceinline__ bool rows_of(const RowsRead& r, int64_t& row0, int64_t& len) const {
+    if (!(r.in_range && r.len.ok)) return false;
+    row0 = r.n * Ld;
+    len = clamp64(dlens.value(r.len), 0, Ld);
     return true;
   }
 };
@@ -175,9 +247,14 @@ struct ContrastiveGrid {
     int64_t v;
     return qlens.get(q, v) ? clamp64(v, 0, Lq) : 0;
   }
-  // Rows of document n as query q sees it (every query sees the same documents).
-  __device__ __forceinline__ bool doc_rows(int64_t, int64_t n, int64_t& row0, int64_t& len) const {
-    return docs.rows(n, row0, len);
+  // The producer's read of step (q, n)'s document rows (every query sees the same documents),
+  // issued a step ahead and checked a step later.
+  using StepRead = typename Documents::RowsRead;
+  __device__ __forceinline__ StepRead issue_step(int64_t, int64_t n) const { return docs.issue_rows(n); }
+  __device__ __forceinline__ StepRows step_rows(const StepRead& r) const {
+    StepRows s;
+    s.ok = docs.rows_of(r, s.row0, s.len);
+    return s;
   }
 
   struct Ahead {};  // the document read depends on the grouped order: nothing to split off
@@ -233,17 +310,26 @@ struct PaddedGrid {
   static constexpr bool kBoundedLoads = true;
   static constexpr bool kPairRows = false;  // see PackedGrid
 
-  __device__ __forceinline__ int64_t qlen_of(int64_t q) const {
-    int64_t v;
-    return qlens.get(q, v) ? clamp64(v, 0, Lq) : -1;  // -1: unreadable (a bad pair)
-  }
-  __device__ __forceinline__ bool doc_rows(int64_t q, int64_t n, int64_t& row0, int64_t& len) const {
+  // The producer's reads of step (q, n): document (q, n)'s length and query q's, issued a
+  // step ahead and checked a step later. A length that cannot be read makes the pair bad
+  // (ok = false, or qlen -1).
+  struct StepRead {
+    IndexView::Pending len, qlen;
+    int64_t k;
+    bool in_range;
+  };
+  __device__ __forceinline__ StepRead issue_step(int64_t q, int64_t n) const {
+    const bool in_range = q >= 0 && q < Nq && n >= 0 && n < Nb;
     const int64_t k = q * Nb + n;
-    int64_t v;
-    if (q < 0 || q >= Nq || n < 0 || n >= Nb || !dlens.get(k, v)) return false;
-    row0 = k * Ld;
-    len = clamp64(v, 0, Ld);
-    return true;
+    return {dlens.issue(in_range ? k : -1), qlens.issue(q), k, in_range};
+  }
+  __device__ __forceinline__ StepRows step_rows(const StepRead& r) const {
+    StepRows s;
+    s.ok = r.in_range && r.len.ok;
+    s.row0 = r.k * Ld;
+    s.len = clamp64(dlens.value(r.len), 0, Ld);
+    s.qlen = static_cast<int32_t>(r.qlen.ok ? clamp64(qlens.value(r.qlen), 0, Lq) : -1);
+    return s;
   }
   __device__ __forceinline__ StepDesc step_at(int64_t q, int64_t n, bool ok, int64_t o0, int64_t len,
                                               int64_t qlen0) const {
@@ -278,25 +364,38 @@ struct PackedGrid {
   static constexpr bool kBoundedLoads = true;
   static constexpr bool kPairRows = true;
 
-  // Two reads per pair, a step apart in the producer: the ids, then the segments they name.
-  // Both are predicated loads and checks by select, so neither waits for its loads: they
-  // stay in flight while the producer issues the current step's tiles.
-  using Ids = PairIds;
-  __device__ __forceinline__ Ids pair_ids(int64_t p) const { return fetch_pair_ids(pqids, pdids, p); }
-  // The pair's query rows [q0, q0 + ql) and document rows [d0, d0 + dl); false for a bad
-  // pair (the checks of segment(), and ql <= Lq).
-  __device__ __forceinline__ bool pair_rows(const Ids& id, int64_t& q0, int64_t& ql, int64_t& d0,
-                                            int64_t& dl) const {
-    bool a, b, c, d;
-    const int64_t qa = qoffs.fetch(id.qid, a), qb = qoffs.fetch(id.qid + 1, b);
-    const int64_t da = doffs.fetch(id.did, c), db = doffs.fetch(id.did + 1, d);
-    const bool okq = a & b & (id.qid < q_segs) & (qa >= 0) & (qb >= qa) & (qb <= Tq) & (qb - qa <= Lq);
-    const bool okd = c & d & (id.did < d_segs) & (da >= 0) & (db >= da) & (db <= Td);
-    q0 = qa;
-    ql = qb - qa;
-    d0 = da;
-    dl = db - da;
-    return id.ok & okq & okd;
+  // Two reads per pair, a step apart in the producer: the ids (issued two steps ahead, made
+  // values one step ahead), then the segments they name (issued one step ahead, checked at
+  // the step). Each is IndexView::issue's two halves, so no read is waited for in the step
+  // that issues it: the loads stay in flight while the producer issues the current step's tiles.
+  struct IdsRead {
+    IndexView::Pending qid, did;
+  };
+  __device__ __forceinline__ IdsRead issue_ids(int64_t p) const { return {pqids.issue(p), pdids.issue(p)}; }
+  __device__ __forceinline__ PairIds ids_of(const IdsRead& r) const {
+    return {pqids.value(r.qid), pdids.value(r.did), r.qid.ok && r.did.ok};
+  }
+  struct StepRead {
+    IndexView::Pending qa, qb, da, db;
+    PairIds id;
+  };
+  __device__ __forceinline__ StepRead issue_pair(const PairIds& id) const {
+    return {qoffs.issue(id.qid), qoffs.issue(id.qid + 1), doffs.issue(id.did), doffs.issue(id.did + 1), id};
+  }
+  // The pair's query rows [qrow0, qrow0 + qlen) and document rows [row0, row0 + len); a bad
+  // pair (the checks of segment(), and qlen <= Lq): ok = false and qlen -1.
+  __device__ __forceinline__ StepRows step_rows(const StepRead& r) const {
+    const int64_t qa = qoffs.value(r.qa), qb = qoffs.value(r.qb);
+    const int64_t da = doffs.value(r.da), db = doffs.value(r.db);
+    const bool okq = r.qa.ok & r.qb.ok & (r.id.qid < q_segs) & segment_fits(qa, qb, Tq) & (qb - qa <= Lq);
+    const bool okd = r.da.ok & r.db.ok & (r.id.did < d_segs) & segment_fits(da, db, Td);
+    StepRows s;
+    s.ok = r.id.ok & okq & okd;
+    s.qrow0 = qa;
+    s.qlen = s.ok ? static_cast<int32_t>(qb - qa) : -1;
+    s.row0 = da;
+    s.len = db - da;
+    return s;
   }
   // qlen0: the query's length, < 0 for a bad pair (the producer's reads say which).
   __device__ __forceinline__ StepDesc step_at(int64_t p, int64_t, bool ok, int64_t o0, int64_t len,
