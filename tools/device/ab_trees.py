@@ -465,6 +465,38 @@ INDEX_AHEAD = [
 ]
 
 
+# The reads a step ahead in two 32-bit words (2026-11-30, tools/device/candidates/
+# reads_ahead_words.patch): the mma.sync and FFMA kernels' ahead() (padded lengths, packed pair
+# ids) no longer merged where they are issued, and the sm_90a producer's Pending in two
+# registers instead of three. The mma.sync rows forced and by the default rule (the small rows,
+# the residual decode), the FFMA rows, the sm_90a rows the producer change touches, and
+# controls (contrastive mma.sync, whose ahead() reads nothing; float64).
+READS_AHEAD = [
+    *((f"{n} {lay} {fmt or 'float16'}, mma.sync forced", {MMA: "1"},
+       lambda ms, n=n, lay=lay, f=fmt: workload_call(ms, n, lay, f))
+      for n, lay, fmt in (("HeavyRerank", "full", None), ("HeavyRerank", "ragged", None),
+                          ("HeavyRerankPacked", "ragged", None), ("Rerank", "full", None),
+                          ("Rerank", "ragged", None), ("RerankPacked", "ragged", None),
+                          ("SmallRerank", "ragged", None), ("SingleQueryRerankPacked", "ragged", None),
+                          ("HeavyRerankPacked", "ragged", "int8"), ("ColBERTCorpus", "ragged", None))),
+    *((f"{n} {lay} float16", {}, lambda ms, n=n, lay=lay: workload_call(ms, n, lay))
+      for n, lay in (("SmallRerank", "full"), ("SmallRerankPacked", "ragged"), ("RerankD256", "full"),
+                     ("HeavyRerankPacked", "ragged"), ("SingleQueryRerankPacked", "ragged"),
+                     ("ColBERTCorpus", "ragged"))),
+    *((f"{n} {lay} int8", {}, lambda ms, n=n, lay=lay: workload_call(ms, n, lay, "int8"))
+      for n, lay in (("HeavyRerank", "full"), ("HeavyRerankPacked", "ragged"))),
+    ("BigColBERT forward (argmax)", {}, lambda ms: W.raw_training_ops(ms, "BigColBERT")[0]),
+    *padded_rows([
+        ("HeavyRerank fp32 (FFMA)", {}, (32, 100, 32, 256, 128), torch.float32, "plain"),
+        ("Lq 32, Ld 180, 32 x 50, float32 (FFMA)", {}, (32, 50, 32, 180, 128), torch.float32, "plain"),
+        ("1 x 1000 x 300, 2 bits, f16 weights (mma.sync decode)", {}, (1, 1000, 32, 300, 128), torch.float16,
+         "residual2-f16w"),
+        ("HeavyRerank, 2 bits, f16 weights", {}, (32, 100, 32, 256, 128), torch.float16, "residual2-f16w"),
+        ("Lq 32, Ld 180, 8 x 50, float64 (control)", {}, (8, 50, 32, 180, 128), torch.float64, "plain"),
+    ]),
+    ("32 x 50 packed pairs, Lq 32, Ld 180, float32", {}, lambda ms: packed_float32(ms, 32, 50, 32, 180, 128)),
+]
+
 GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESIDUAL_PAIRS),
           "grad_documents": GRAD_DOCUMENTS, "bytes": BYTES, "query_load": QUERY_LOAD, "epilogue": EPILOGUE,
           "grad_queries": GRAD_QUERIES, "bytes_lq64": BYTES_LQ64, "tail_window": TAIL_WINDOW,
@@ -473,7 +505,8 @@ GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESI
           "ffma_two_ctas": FFMA_TWO_CTAS, "ffma_async": FFMA_ASYNC,
           "ffma_sector": FFMA_SECTOR, "ffma_pieces": FFMA_PIECES, "ffma_bm128": FFMA_BM128,
           "ffma_xor": FFMA_XOR, "ffma_bytes": FFMA_BYTES,
-          "residual_pieces": RESIDUAL_PIECES, "index_ahead": INDEX_AHEAD}
+          "residual_pieces": RESIDUAL_PIECES, "index_ahead": INDEX_AHEAD,
+          "reads_ahead": READS_AHEAD}
 
 
 def equal(a, b):
