@@ -465,36 +465,32 @@ INDEX_AHEAD = [
 ]
 
 
-# The reads a step ahead in two 32-bit words (2026-11-30, tools/device/candidates/
-# reads_ahead_words.patch): the mma.sync and FFMA kernels' ahead() (padded lengths, packed pair
-# ids) no longer merged where they are issued, and the sm_90a producer's Pending in two
-# registers instead of three. The mma.sync rows forced and by the default rule (the small rows,
-# the residual decode), the FFMA rows, the sm_90a rows the producer change touches, and
-# controls (contrastive mma.sync, whose ahead() reads nothing; float64).
-READS_AHEAD = [
-    *((f"{n} {lay} {fmt or 'float16'}, mma.sync forced", {MMA: "1"},
-       lambda ms, n=n, lay=lay, f=fmt: workload_call(ms, n, lay, f))
-      for n, lay, fmt in (("HeavyRerank", "full", None), ("HeavyRerank", "ragged", None),
-                          ("HeavyRerankPacked", "ragged", None), ("Rerank", "full", None),
-                          ("Rerank", "ragged", None), ("RerankPacked", "ragged", None),
-                          ("SmallRerank", "ragged", None), ("SingleQueryRerankPacked", "ragged", None),
-                          ("HeavyRerankPacked", "ragged", "int8"), ("ColBERTCorpus", "ragged", None))),
+# Three CTAs an SM for the resident strided shape (2026-11-30, tools/device/candidates/
+# hopper_three_ctas.patch): 64-row tiles, three slots and one query buffer, for 64 < dim <= 128
+# calls of 2-3 steps an SM (SmallRerank's 320 steps), which then run in one wave and leave the
+# mma.sync kernels. By the default rule (base: mma.sync below 4 steps an SM), forced on both
+# trees (base: its two-CTA shape under the knob), and controls the rule leaves alone.
+CTAS3 = {"MAXSIM_CUDA_HOPPER_PADDED_CTAS": "3"}
+HOPPER3 = {"MAXSIM_CUDA_HOPPER_PADDED": "1", "MAXSIM_CUDA_HOPPER_PACKED": "1", **CTAS3}
+THREE_CTAS = [
     *((f"{n} {lay} float16", {}, lambda ms, n=n, lay=lay: workload_call(ms, n, lay))
-      for n, lay in (("SmallRerank", "full"), ("SmallRerankPacked", "ragged"), ("RerankD256", "full"),
-                     ("HeavyRerankPacked", "ragged"), ("SingleQueryRerankPacked", "ragged"),
-                     ("ColBERTCorpus", "ragged"))),
-    *((f"{n} {lay} int8", {}, lambda ms, n=n, lay=lay: workload_call(ms, n, lay, "int8"))
-      for n, lay in (("HeavyRerank", "full"), ("HeavyRerankPacked", "ragged"))),
-    ("BigColBERT forward (argmax)", {}, lambda ms: W.raw_training_ops(ms, "BigColBERT")[0]),
+      for n, lay in (("SmallRerank", "full"), ("SmallRerank", "ragged"), ("SmallRerankPacked", "ragged"))),
+    *((f"{n} {lay} float16, three CTAs forced", HOPPER3, lambda ms, n=n, lay=lay: workload_call(ms, n, lay))
+      for n, lay in (("SmallRerank", "full"), ("SmallRerank", "ragged"), ("SmallRerankPacked", "ragged"),
+                     ("Rerank", "full"), ("HeavyRerank", "full"))),
     *padded_rows([
-        ("HeavyRerank fp32 (FFMA)", {}, (32, 100, 32, 256, 128), torch.float32, "plain"),
-        ("Lq 32, Ld 180, 32 x 50, float32 (FFMA)", {}, (32, 50, 32, 180, 128), torch.float32, "plain"),
-        ("1 x 1000 x 300, 2 bits, f16 weights (mma.sync decode)", {}, (1, 1000, 32, 300, 128), torch.float16,
-         "residual2-f16w"),
-        ("HeavyRerank, 2 bits, f16 weights", {}, (32, 100, 32, 256, 128), torch.float16, "residual2-f16w"),
-        ("Lq 32, Ld 180, 8 x 50, float64 (control)", {}, (8, 50, 32, 180, 128), torch.float64, "plain"),
+        ("32 x 9, Lq 32, Ld 180 (288 steps)", {}, (32, 9, 32, 180, 128), torch.float16, "plain"),
+        ("32 x 12, Lq 32, Ld 180 (384 steps)", {}, (32, 12, 32, 180, 128), torch.float16, "plain"),
+        ("32 x 10, Lq 32, Ld 180, bfloat16", {}, (32, 10, 32, 180, 128), torch.bfloat16, "plain"),
+        ("32 x 10, Lq 32, Ld 300 (two-CTA sm_90a before)", {}, (32, 10, 32, 300, 128), torch.float16, "plain"),
+        ("32 x 10, Lq 32, Ld 1024", {}, (32, 10, 32, 1024, 128), torch.float16, "plain"),
+        ("32 x 10, Lq 64, Ld 180", {}, (32, 10, 64, 180, 128), torch.float16, "plain"),
+        ("32 x 10, Lq 32, Ld 180, dim 96", {}, (32, 10, 32, 180, 96), torch.float16, "plain"),
+        ("32 x 8, Lq 32, Ld 180 (256 steps, control)", {}, (32, 8, 32, 180, 128), torch.float16, "plain"),
+        ("32 x 10, Lq 32, Ld 180, dim 64 (control)", {}, (32, 10, 32, 180, 64), torch.float16, "plain"),
     ]),
-    ("32 x 50 packed pairs, Lq 32, Ld 180, float32", {}, lambda ms: packed_float32(ms, 32, 50, 32, 180, 128)),
+    *((f"{n} {lay} float16 (control)", {}, lambda ms, n=n, lay=lay: workload_call(ms, n, lay))
+      for n, lay in (("Rerank", "full"), ("HeavyRerank", "full"), ("RerankPacked", "ragged"))),
 ]
 
 GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESIDUAL_PAIRS),
@@ -506,7 +502,7 @@ GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESI
           "ffma_sector": FFMA_SECTOR, "ffma_pieces": FFMA_PIECES, "ffma_bm128": FFMA_BM128,
           "ffma_xor": FFMA_XOR, "ffma_bytes": FFMA_BYTES,
           "residual_pieces": RESIDUAL_PIECES, "index_ahead": INDEX_AHEAD,
-          "reads_ahead": READS_AHEAD}
+          "three_ctas": THREE_CTAS}
 
 
 def equal(a, b):

@@ -17,9 +17,14 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools" / "device"))
 from bench_compressed import graph_time_ms, knobs
 
-SHAPES = ((1, 180), (2, 180), (5, 180), (10, 180), (20, 180), (10, 64), (10, 32), (10, 512))  # (C, Ld)
+SHAPES = ((1, 180), (2, 180), (5, 180), (9, 180), (10, 180), (12, 180), (20, 180), (10, 64), (10, 32),
+          (10, 300), (10, 512))  # (C, Ld)
+# hopper3: the sm_90a kernel's three-CTA shape where a tree has it (MAXSIM_CUDA_HOPPER_PADDED_CTAS=3;
+# a tree without it runs its two-CTA shape under that knob)
 VARIANTS = (("default", {}), ("mma", {"MAXSIM_CUDA_FORCE_MMA_SYNC": "1"}),
-            ("hopper", {"MAXSIM_CUDA_HOPPER_PADDED": "1"}), ("nopdl", {"MAXSIM_CUDA_PDL": "0"}))
+            ("hopper", {"MAXSIM_CUDA_HOPPER_PADDED": "1"}),
+            ("hopper3", {"MAXSIM_CUDA_HOPPER_PADDED": "1", "MAXSIM_CUDA_HOPPER_PADDED_CTAS": "3"}),
+            ("nopdl", {"MAXSIM_CUDA_PDL": "0"}))
 
 
 def us(fn) -> float:
