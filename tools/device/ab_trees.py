@@ -470,6 +470,7 @@ INDEX_AHEAD = [
 # calls of 2-3 steps an SM (SmallRerank's 320 steps), which then run in one wave and leave the
 # mma.sync kernels. By the default rule (base: mma.sync below 4 steps an SM), forced on both
 # trees (base: its two-CTA shape under the knob), and controls the rule leaves alone.
+# At dim > 128 the same knob picks the streamed shape at 64-row tiles, three CTAs an SM.
 CTAS3 = {"MAXSIM_CUDA_HOPPER_PADDED_CTAS": "3"}
 HOPPER3 = {"MAXSIM_CUDA_HOPPER_PADDED": "1", "MAXSIM_CUDA_HOPPER_PACKED": "1", **CTAS3}
 THREE_CTAS = [
@@ -478,6 +479,11 @@ THREE_CTAS = [
     *((f"{n} {lay} float16, three CTAs forced", HOPPER3, lambda ms, n=n, lay=lay: workload_call(ms, n, lay))
       for n, lay in (("SmallRerank", "full"), ("SmallRerank", "ragged"), ("SmallRerankPacked", "ragged"),
                      ("Rerank", "full"), ("HeavyRerank", "full"))),
+    # dim > 128: the streamed shape at 64-row tiles and three CTAs an SM, by the knob only (base:
+    # its two-CTA streamed shape under the same knob, so the ratio is the shape's)
+    *((f"{n} {lay} float16, three CTAs forced", CTAS3, lambda ms, n=n, lay=lay: workload_call(ms, n, lay))
+      for n, lay in (("RerankD256", "full"), ("RerankD512", "full"), ("RerankD1024", "full"),
+                     ("RerankD256", "ragged"))),
     *padded_rows([
         ("32 x 9, Lq 32, Ld 180 (288 steps)", {}, (32, 9, 32, 180, 128), torch.float16, "plain"),
         ("32 x 12, Lq 32, Ld 180 (384 steps)", {}, (32, 12, 32, 180, 128), torch.float16, "plain"),

@@ -32,11 +32,14 @@ from bench_compressed import graph_time_ms, knobs
 VARIANTS = {
     "default": {},
     "one_cta": {"MAXSIM_CUDA_HOPPER_PADDED_CTAS": "1"},
+    # three CTAs an SM at 64-row tiles where the tree has them (hopper_three_ctas.patch); a tree
+    # without them runs its two-CTA shape under this knob
+    "three_ctas": {"MAXSIM_CUDA_HOPPER_PADDED_CTAS": "3"},
     "streamed": {"MAXSIM_CUDA_HOPPER_RESIDENT": "0"},  # differs from default at dim <= 128 only
     "mma_sync": {"MAXSIM_CUDA_FORCE_MMA_SYNC": "1"},
 }
 # the same MMAs in the same order as the default's: bit for bit its scores
-SAME_BITS = ("one_cta",)
+SAME_BITS = ("one_cta", "three_ctas")
 
 
 def main():
