@@ -107,7 +107,7 @@ inline PaddedGrid make_padded_grid(const ForwardParams& p) {
   return PaddedGrid{IndexView(p.query_lengths), IndexView(p.doc_lengths), p.num_queries, p.cands, p.lq, p.ld};
 }
 // The strided grids' two shapes (padded, and packed as its twin).
-// MAXSIM_CUDA_HOPPER_PADDED_CTAS=1|2 picks (read per call, for experiments).
+// MAXSIM_CUDA_HOPPER_PADDED_CTAS=1|2|3 picks (read per call, for experiments).
 // Resident (dim <= 128, the default): whole-tile slots and two query buffers that the
 // producer fills a step ahead, so a step's query is loaded once (once for a run of a padded
 // query's candidates, hopper_query_run) instead of beside every K-chunk, and its load
@@ -119,6 +119,13 @@ inline PaddedGrid make_padded_grid(const ForwardParams& p) {
 // 18.6 / 14.8, ragged 16.9 / 13.9, RerankPacked 17.7 / 14.8, LongDocStress 7.1 / 6.6,
 // ColPaliRerank full 50.5 / 48.8. MAXSIM_CUDA_HOPPER_RESIDENT=0 forces the streamed shape at
 // dim <= 128 (read per call; 1, the default, is accepted too).
+// Three CTAs an SM (64 < dim <= 128, resident; hopper_three_ctas): 64-row tiles in three 16 KB
+// slots and one 16 KB query buffer (64 KB a CTA), for calls of 2-3 steps an SM, which then
+// run in one wave of one step a CTA, a whole 180-row document in flight at once; one query
+// buffer, since a CTA meets one query. MAXSIM_CUDA_HOPPER_PADDED_CTAS=3 forces it; at dim >
+// 128 the knob picks the streamed shape at 64-row tiles, three CTAs an SM (four 16 KB slots
+// of an 8 KB query chunk and an 8 KB document chunk): more CTAs streaming at once, as
+// late-interaction-kernels runs four an SM on the wide full reranks it leads.
 template <class T, class Grid>
 cudaError_t run_strided_hopper(const ForwardParams& p, const Grid& pol, bool& ran) {
   const EpilogueArgs ep = make_args<T>(p).ep;
@@ -131,10 +138,13 @@ cudaError_t run_strided_hopper(const ForwardParams& p, const Grid& pol, bool& ra
       return one_cta ? run_forward_hopper<T, HopperShape<64, 10, 1, false, 1, 2>>(p, pol, ep, ran)
                      : run_forward_hopper<T, HopperShape<64, 4, 1, false, 2, 2>>(p, pol, ep, ran);
     }
+    const bool three_ctas = e != nullptr && e[0] >= '1' && e[0] <= '3' ? e[0] == '3' : hopper_three_ctas(p);
+    if (three_ctas) return run_forward_hopper<T, HopperShape<128, 3, 1, false, 3, 1, 64>>(p, pol, ep, ran);
     return one_cta ? run_forward_hopper<T, HopperShape<128, 5, 1, false, 1, 2>>(p, pol, ep, ran)
                    : run_forward_hopper<T, HopperShape<128, 2, 1, false, 2, 2>>(p, pol, ep, ran);
   }
   if (one_cta) return run_forward_hopper<T, HopperShape<64, 8, 1, true>>(p, pol, ep, ran);
+  if (e != nullptr && e[0] == '3') return run_forward_hopper<T, HopperShape<64, 4, 1, true, 3, 1, 64>>(p, pol, ep, ran);
   return run_forward_hopper<T, HopperShape<64, 4, 1, true, 2>>(p, pol, ep, ran);
 }
 

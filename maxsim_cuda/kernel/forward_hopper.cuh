@@ -6,8 +6,9 @@
 // full / empty mbarriers, with a TileInfo per slot so the consumers read no indices
 // themselves. kConsumers warpgroups each own one 64-row query block (policy blocks
 // kConsumers * set + g) and share every document tile: per tile, wgmma m64n128k16 (m64n64k16
-// for a tail of at most 64 rows) from the swizzled shared-memory operands into fp32
-// registers, release the slot(s), fold into the running (max, argmax) with the mma.sync
+// for a tail of at most 64 rows, and for every tile of the three-CTA shape, whose tiles are
+// 64 rows) from the swizzled shared-memory operands into fp32 registers, release the
+// slot(s), fold into the running (max, argmax) with the mma.sync
 // kernels' MmaRowMax (wgmma's accumulator layout is mma.sync's m16n8 layout per 8 columns),
 // and after a document's last tile run the shared epilogue on the warpgroup's 64 rows (a
 // named barrier instead of __syncthreads). The warpgroups run decoupled, so one's fold and
@@ -64,10 +65,11 @@ namespace maxsim_cuda {
 namespace kernel {
 
 // This warpgroup's MMAs for one tile whose first slot (`it`) is full: S[64 x N] = Q block *
-// tile^T over all columns, N = 128, or 64 / 32 (narrow) when at most N document rows are
-// left. Releases the tile's slots and returns the slot counter past them. Descriptors of the
-// k16 steps are the base descriptors plus constant offsets (the address field is addr / 16
-// and the operands lie below 256 KB, so the add never carries out of it).
+// tile^T over all columns, N = BN (128, or 64 in the three-CTA shape), or 64 / 32 (narrow)
+// when at most N document rows are left. Releases the tile's slots and returns the slot
+// counter past them. Descriptors of the k16 steps are the base descriptors plus constant
+// offsets (the address field is addr / 16 and the operands lie below 256 KB, so the add
+// never carries out of it).
 // Streamed: one slot per K-chunk; a chunk's MMAs are issued before the previous chunk's
 // finish (wait_group 1), and a slot is released once its MMAs have read it.
 // qblock: resident shapes, the shared-memory address of this warpgroup's query block.
@@ -202,7 +204,7 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
       // has at all. A last tile's window ends at its document's last row where the document is
       // long enough (tail_back), so left is then the MMA's width and the fold takes no mask.
       static_assert(!Shape::kDocsAsA, "byte shapes run forward_hopper_bytes.cuh's consumer");
-      constexpr bool kNarrow = tile_mma_rows<Shape, Policy>(64) == 64;
+      constexpr bool kNarrow = BN > 64 && tile_mma_rows<Shape, Policy>(64) == 64;
       constexpr bool kNarrow32 = tile_mma_rows<Shape, Policy>(32) == 32;
       const int mma_rows = tile_mma_rows<Shape, Policy>(left);
       const int first = info.first_row(BN);
@@ -216,7 +218,7 @@ __device__ __forceinline__ void hopper_consume(HopperSmem<Shape>& sm, const Hopp
         row_max.fold(acc, lane, 0, left, first, hp.ep.with_argmax);
       } else if (work) {
         float acc[1][Shape::NT][4];
-        it = hopper_tile_mma<T, Shape, 128>(sm, acc[0], g, qblock, it, nk);
+        it = hopper_tile_mma<T, Shape, BN>(sm, acc[0], g, qblock, it, nk);
         row_max.fold(acc, lane, 0, left, first, hp.ep.with_argmax);
       } else {  // nothing to compute here: pass the tile's slots on
         mbar_arrive(smem_addr(&ring.empty[stage]));

@@ -216,6 +216,22 @@ constexpr int64_t kHopperMinDocRows = 256;
 constexpr int64_t kHopperResidentMinDocRows = 100;
 constexpr int64_t kHopperResidentMinStepsPerSm = 4;
 
+// Steps of a padded or packed call on the strided grids (one per 64-row query block and
+// document).
+inline int64_t hopper_strided_steps(const ForwardParams& p) {
+  return hopper_blocks(hopper_view(p)).blocks * (p.surface == Surface::kPadded ? p.cands : 1);
+}
+
+// Whether the resident strided shape runs at three CTAs an SM (64-row tiles): calls of more
+// than two and at most three steps an SM, which two CTAs an SM take in two waves (SmallRerank,
+// 320 steps on 132 SMs) and three in one, a step a CTA. 64 < dim <= 128: the shape's 16 KB
+// slots hold 64 rows of 128 columns. MAXSIM_CUDA_HOPPER_PADDED_CTAS (run_strided_hopper)
+// overrides it.
+inline bool hopper_three_ctas(const ForwardParams& p) {
+  const int64_t steps = hopper_strided_steps(p), sms = p.num_sms > 0 ? p.num_sms : 1;
+  return p.dim > 64 && p.dim <= 128 && steps > 2 * sms && steps <= 3 * sms;
+}
+
 // Whether this kernel is wanted for the call's surface and shape (contrastive: always).
 // MAXSIM_CUDA_HOPPER_PADDED / MAXSIM_CUDA_HOPPER_PACKED = 1 take it for every padded /
 // packed call it can run, 0 for none (read per call: tests and comparisons).
@@ -226,8 +242,7 @@ inline bool hopper_wanted(const ForwardParams& p) {
   if (e != nullptr && (e[0] == '0' || e[0] == '1')) return e[0] == '1';
   if (p.dim > 128 || average_doc_rows(p) >= kHopperMinDocRows) return true;
   if (average_doc_rows(p) < kHopperResidentMinDocRows) return false;
-  const int64_t steps = hopper_blocks(hopper_view(p)).blocks * (p.surface == Surface::kPadded ? p.cands : 1);
-  return steps >= kHopperResidentMinStepsPerSm * p.num_sms;
+  return hopper_strided_steps(p) >= kHopperResidentMinStepsPerSm * p.num_sms || hopper_three_ctas(p);
 }
 
 // dim > 128 on sm_90a: the dispatcher sends these calls to the K-streaming launcher

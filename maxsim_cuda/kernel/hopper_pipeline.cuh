@@ -19,13 +19,16 @@ namespace kernel {
 // every consumer's query block, and a tile's MMAs accumulate over ceil(dim / 64) slots, as a
 // GEMM mainloop does; the query chunks come from L2 again for every tile.
 // QBUFS_ (resident strided shapes): query buffers the producer fills a step ahead.
-template <int KD_, int STAGES_, int CONSUMERS_, bool STREAM_ = false, int CTAS_ = 1, int QBUFS_ = 1>
+// BN_: document rows a tile, 128, or 64 for the strided shapes at three CTAs an SM (their
+// consumer's 64 x 64 accumulators fit the 136 registers a thread that three CTAs of 160
+// threads leave, where 64 x 128 do not).
+template <int KD_, int STAGES_, int CONSUMERS_, bool STREAM_ = false, int CTAS_ = 1, int QBUFS_ = 1, int BN_ = 128>
 struct HopperShape {
   static constexpr bool kStream = STREAM_;
   static constexpr int kCtasPerSm = CTAS_;  // resident CTAs an SM is planned for
   static constexpr int KD = kStream ? 64 : KD_, KB = KD / 64;  // 64-column (128-byte) swizzle blocks per slot
   static constexpr int BM = 64;                                 // query rows per consumer warpgroup
-  static constexpr int BN = 128;                                // document rows per tile
+  static constexpr int BN = BN_;                                // document rows per tile
   static constexpr int NT = BN / 8;
   static constexpr int kConsumers = CONSUMERS_, kStages = STAGES_;
   static constexpr int kThreads = kConsumers * 128 + 32;
@@ -48,6 +51,7 @@ struct HopperShape {
   static constexpr int kEmptyArrivals = kConsumers * 128;  // arrivals that free a producer slot
   static_assert(KD % 64 == 0 && KB >= 1 && KB <= 2, "KD");
   static_assert(QBUFS_ == 1 || (!STREAM_ && CONSUMERS_ == 1), "several query buffers: resident strided shapes");
+  static_assert(BN_ == 128 || (BN_ == 64 && CONSUMERS_ == 1), "64-row tiles: strided shapes");
 };
 
 // What the producer read about the tile in a ring slot: its document (the consumers need no
@@ -159,7 +163,7 @@ __host__ __device__ constexpr int tile_mma_rows(int left) {
   if constexpr (Shape::kDocsAsA) {
     return left <= 64 ? 64 : Shape::BN;
   } else {
-    constexpr bool narrow = !Shape::kStream || Shape::kConsumers == 1;
+    constexpr bool narrow = (!Shape::kStream || Shape::kConsumers == 1) && Shape::BN > 64;
     constexpr bool narrow32 = narrow && Policy::kBoundedLoads && Shape::kCtasPerSm == 1;
     return narrow32 && left <= 32 ? 32 : narrow && left <= 64 ? 64 : Shape::BN;
   }

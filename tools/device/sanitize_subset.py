@@ -203,9 +203,10 @@ if "centroids" in parts:
 if "hopper" in parts:
     os.environ.update(MAXSIM_CUDA_HOPPER_PADDED="1", MAXSIM_CUDA_HOPPER_PACKED="1")
     # each CTA count with the query streamed beside every K-chunk and resident in two buffers,
-    # the resident one also in runs of one step and of three (a query loaded once a run)
+    # the resident one also in runs of one step and of three (a query loaded once a run); three
+    # CTAs an SM: 64-row tiles, streamed and resident (one query buffer)
     for ctas, resident, run in (("2", "0", "4"), ("1", "0", "4"), ("2", "1", "4"), ("1", "1", "4"),
-                                ("2", "1", "1"), ("2", "1", "3")):
+                                ("2", "1", "1"), ("2", "1", "3"), ("3", "0", "4"), ("3", "1", "4")):
         os.environ.update(MAXSIM_CUDA_HOPPER_PADDED_CTAS=ctas, MAXSIM_CUDA_HOPPER_RESIDENT=resident,
                           MAXSIM_CUDA_HOPPER_RUN=run)
         for dtype in (torch.float16, torch.bfloat16):
