@@ -499,6 +499,30 @@ THREE_CTAS = [
       for n, lay in (("Rerank", "full"), ("HeavyRerank", "full"), ("RerankPacked", "ragged"))),
 ]
 
+# The three-CTA shape at fewer steps (candidate hopper_three_ctas_few_steps.patch, 2026-11-30):
+# 64 < dim <= 128 calls of at most two steps an SM under 256 rows on average, and short documents
+# (32+ rows) at 2-3 steps an SM, which the base leaves on mma.sync; controls: long documents
+# (LongDocStress keeps two CTAs an SM), 24-row documents, dim 64, SmallRerank (three CTAs in both).
+THREE_CTAS_FEW_STEPS = [
+    *padded_rows([
+        (f"32 x {c}, Lq 32, Ld 180 ({32 * c} steps)", {}, (32, c, 32, 180, 128), torch.float16, "plain")
+        for c in (1, 2, 5, 8)]),
+    *padded_rows([
+        ("32 x 4, Lq 64, Ld 180, bfloat16", {}, (32, 4, 64, 180, 128), torch.bfloat16, "plain"),
+        ("32 x 5, Lq 32, Ld 120, dim 96", {}, (32, 5, 32, 120, 96), torch.float16, "plain"),
+        ("32 x 10, Lq 32, Ld 64 (320 steps)", {}, (32, 10, 32, 64, 128), torch.float16, "plain"),
+        ("32 x 10, Lq 32, Ld 40", {}, (32, 10, 32, 40, 128), torch.float16, "plain"),
+        ("32 x 10, Lq 32, Ld 32", {}, (32, 10, 32, 32, 128), torch.float16, "plain"),
+        ("32 x 2, Lq 32, Ld 64", {}, (32, 2, 32, 64, 128), torch.float16, "plain"),
+        ("32 x 10, Lq 32, Ld 24 (control)", {}, (32, 10, 32, 24, 128), torch.float16, "plain"),
+        ("32 x 2, Lq 32, Ld 180, dim 64 (control)", {}, (32, 2, 32, 180, 64), torch.float16, "plain"),
+    ]),
+    *((f"{n} {lay} float16{note}", {}, lambda ms, n=n, lay=lay: workload_call(ms, n, lay))
+      for n, lay, note in (("SingleQueryRerankPacked", "ragged", " (control)"), ("SmallRerank", "full", " (control)"),
+                           ("LongDocStress", "full", " (control)"), ("LongDocStressPacked", "ragged", " (control)"),
+                           ("Rerank", "full", " (control)"))),
+]
+
 GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESIDUAL_PAIRS),
           "grad_documents": GRAD_DOCUMENTS, "bytes": BYTES, "query_load": QUERY_LOAD, "epilogue": EPILOGUE,
           "grad_queries": GRAD_QUERIES, "bytes_lq64": BYTES_LQ64, "tail_window": TAIL_WINDOW,
@@ -508,7 +532,7 @@ GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESI
           "ffma_sector": FFMA_SECTOR, "ffma_pieces": FFMA_PIECES, "ffma_bm128": FFMA_BM128,
           "ffma_xor": FFMA_XOR, "ffma_bytes": FFMA_BYTES,
           "residual_pieces": RESIDUAL_PIECES, "index_ahead": INDEX_AHEAD,
-          "three_ctas": THREE_CTAS}
+          "three_ctas": THREE_CTAS, "three_ctas_few_steps": THREE_CTAS_FEW_STEPS}
 
 
 def equal(a, b):
