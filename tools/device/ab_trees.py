@@ -499,7 +499,7 @@ THREE_CTAS = [
       for n, lay in (("Rerank", "full"), ("HeavyRerank", "full"), ("RerankPacked", "ragged"))),
 ]
 
-# The three-CTA shape at fewer steps (candidate hopper_three_ctas_few_steps.patch, 2026-11-30):
+# The three-CTA shape at fewer steps (candidate hopper_three_ctas_rule.patch, 2026-11-30):
 # 64 < dim <= 128 calls of at most two steps an SM under 256 rows on average, and short documents
 # (32+ rows) at 2-3 steps an SM, which the base leaves on mma.sync; controls: long documents
 # (LongDocStress keeps two CTAs an SM), 24-row documents, dim 64, SmallRerank (three CTAs in both).
@@ -523,6 +523,32 @@ THREE_CTAS_FEW_STEPS = [
                            ("Rerank", "full", " (control)"))),
 ]
 
+# Three CTAs an SM with two query buffers (candidate hopper_three_ctas_rule.patch,
+# 2026-11-30): 64 < dim <= 128 calls of 3-6 steps an SM, runs of steps a CTA with a query
+# loaded once a run. By the default rule (base: mma.sync below 4 steps an SM, two CTAs an SM
+# from there), forced on both trees (base: the one-buffer three-CTA shape, which ignores
+# MAXSIM_CUDA_HOPPER_QUERY_BUFS), and controls the rule leaves alone.
+CTAS3_Q2 = {"MAXSIM_CUDA_HOPPER_PADDED_CTAS": "3", "MAXSIM_CUDA_HOPPER_QUERY_BUFS": "2"}
+HOPPER3_Q2 = {"MAXSIM_CUDA_HOPPER_PADDED": "1", "MAXSIM_CUDA_HOPPER_PACKED": "1", **CTAS3_Q2}
+THREE_CTAS_TWO_QUERIES = [
+    *padded_rows([
+        (f"32 x {c}, Lq 32, Ld 180 ({32 * c} steps)", {}, (32, c, 32, 180, 128), torch.float16, "plain")
+        for c in (13, 16, 20, 24)]),
+    *padded_rows([
+        ("32 x 20, Lq 32, Ld 120, bfloat16", {}, (32, 20, 32, 120, 128), torch.bfloat16, "plain"),
+        ("16 x 30, Lq 64, Ld 180", {}, (16, 30, 64, 180, 128), torch.float16, "plain"),
+        ("32 x 20, Lq 32, Ld 180, three CTAs forced", HOPPER3_Q2, (32, 20, 32, 180, 128), torch.float16, "plain"),
+        ("32 x 10, Lq 32, Ld 180, three CTAs forced", HOPPER3_Q2, (32, 10, 32, 180, 128), torch.float16, "plain"),
+        ("32 x 26, Lq 32, Ld 180 (832 steps, control)", {}, (32, 26, 32, 180, 128), torch.float16, "plain"),
+        ("32 x 20, Lq 32, Ld 300 (control)", {}, (32, 20, 32, 300, 128), torch.float16, "plain"),
+        ("32 x 20, Lq 32, Ld 180, dim 64 (control)", {}, (32, 20, 32, 180, 64), torch.float16, "plain"),
+    ]),
+    *((f"{n} {lay} float16, three CTAs forced", HOPPER3_Q2, lambda ms, n=n, lay=lay: workload_call(ms, n, lay))
+      for n, lay in (("Rerank", "full"), ("RerankPacked", "ragged"))),
+    *((f"{n} {lay} float16 (control)", {}, lambda ms, n=n, lay=lay: workload_call(ms, n, lay))
+      for n, lay in (("SmallRerank", "full"), ("Rerank", "full"), ("HeavyRerankPacked", "ragged"))),
+]
+
 GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESIDUAL_PAIRS),
           "grad_documents": GRAD_DOCUMENTS, "bytes": BYTES, "query_load": QUERY_LOAD, "epilogue": EPILOGUE,
           "grad_queries": GRAD_QUERIES, "bytes_lq64": BYTES_LQ64, "tail_window": TAIL_WINDOW,
@@ -532,7 +558,8 @@ GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESI
           "ffma_sector": FFMA_SECTOR, "ffma_pieces": FFMA_PIECES, "ffma_bm128": FFMA_BM128,
           "ffma_xor": FFMA_XOR, "ffma_bytes": FFMA_BYTES,
           "residual_pieces": RESIDUAL_PIECES, "index_ahead": INDEX_AHEAD,
-          "three_ctas": THREE_CTAS, "three_ctas_few_steps": THREE_CTAS_FEW_STEPS}
+          "three_ctas": THREE_CTAS, "three_ctas_few_steps": THREE_CTAS_FEW_STEPS,
+          "three_ctas_two_queries": THREE_CTAS_TWO_QUERIES}
 
 
 def equal(a, b):
