@@ -17,13 +17,17 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools" / "device"))
 from bench_compressed import graph_time_ms, knobs
 
-SHAPES = ((1, 180), (2, 180), (5, 180), (9, 180), (10, 180), (12, 180), (20, 180), (10, 64), (10, 32),
-          (10, 300), (10, 512))  # (C, Ld)
+SHAPES = ((1, 180), (2, 180), (5, 180), (9, 180), (10, 180), (12, 180), (16, 180), (20, 180), (24, 180),
+          (10, 64), (10, 32), (10, 300), (10, 512))  # (C, Ld)
 # hopper3: the sm_90a kernel's three-CTA shape where a tree has it (MAXSIM_CUDA_HOPPER_PADDED_CTAS=3;
-# a tree without it runs its two-CTA shape under that knob)
+# a tree without it runs its two-CTA shape under that knob); hopper3q2: its two-query-buffer form
+# where a tree has that (MAXSIM_CUDA_HOPPER_QUERY_BUFS=2, hopper_three_ctas_rule.patch; else
+# the one-buffer shape again)
 VARIANTS = (("default", {}), ("mma", {"MAXSIM_CUDA_FORCE_MMA_SYNC": "1"}),
             ("hopper", {"MAXSIM_CUDA_HOPPER_PADDED": "1"}),
             ("hopper3", {"MAXSIM_CUDA_HOPPER_PADDED": "1", "MAXSIM_CUDA_HOPPER_PADDED_CTAS": "3"}),
+            ("hopper3q2", {"MAXSIM_CUDA_HOPPER_PADDED": "1", "MAXSIM_CUDA_HOPPER_PADDED_CTAS": "3",
+                           "MAXSIM_CUDA_HOPPER_QUERY_BUFS": "2"}),
             ("nopdl", {"MAXSIM_CUDA_PDL": "0"}))
 
 
