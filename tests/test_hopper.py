@@ -291,17 +291,20 @@ PADDED_SHAPES = [
 # only one with the m64n32 tail).
 # The strided grids' shapes: CTAs an SM, and (dim <= 128) the query streamed beside every
 # K-chunk or resident in two buffers the producer fills a step ahead; three CTAs an SM at
-# 64-row tiles: streamed (any dim), or resident with one query buffer (64 < dim <= 128; at
-# dim <= 64 the knob leaves the two-CTA resident shape, at dim > 128 it takes the streamed one).
+# 64-row tiles: streamed (any dim), or resident with one query buffer, or with two (q2;
+# 64 < dim <= 128; at dim <= 64 the knob leaves the two-CTA resident shape, at dim > 128 it
+# takes the streamed one).
 PADDED_CTAS = pytest.mark.parametrize(
-    "ctas", ["2", "1", "3", "2-resident", "1-resident", "3-resident"],
-    ids=["ctas2", "ctas1", "ctas3", "ctas2_resident", "ctas1_resident", "ctas3_resident"])
+    "ctas", ["2", "1", "3", "2-resident", "1-resident", "3-resident", "3-resident-q2"],
+    ids=["ctas2", "ctas1", "ctas3", "ctas2_resident", "ctas1_resident", "ctas3_resident",
+         "ctas3_resident_qbufs2"])
 
 
 def strided_shape(monkeypatch, ctas):
-    count, _, layout = ctas.partition("-")
+    count, *layout = ctas.split("-")
     monkeypatch.setenv("MAXSIM_CUDA_HOPPER_PADDED_CTAS", count)
-    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_RESIDENT", "1" if layout == "resident" else "0")
+    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_RESIDENT", "1" if "resident" in layout else "0")
+    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_QUERY_BUFS", "2" if "q2" in layout else "1")
 
 
 def _padded(rng, shape, dtype, **kw):
@@ -419,18 +422,20 @@ def test_padded_train_gradients(ms, rng, dim):
 def test_default_rule_takes_sm90a_kernel_for_many_steps(ms, monkeypatch, rng, surface, dim):
     """Unforced, 180-row documents at dim 128 or 64 take the sm_90a kernel (its resident shape,
     the default at these dims) when the call has at least four steps an SM (Rerank: 1,600) and stay
-    on the mma.sync kernels below that, where those are faster; at dim 128 calls of two to three
-    steps an SM (SmallRerank: 320) take its three-CTA shape. The profiler sees which kernel
-    ran: it elides template arguments from long names, so the sm_90a kernel is told by its
-    parameters (HopperParams)."""
+    on the mma.sync kernels below that, where those are faster; at dim 128 calls of at most six
+    steps an SM (SmallRerank: 320) take its three-CTA shapes, down to 32-row documents at up
+    to three steps an SM. The profiler sees which kernel ran: it elides template arguments from
+    long names, so the sm_90a kernel is told by its parameters (HopperParams)."""
     for knob in ("MAXSIM_CUDA_HOPPER_PADDED", "MAXSIM_CUDA_HOPPER_PACKED", "MAXSIM_CUDA_HOPPER_RESIDENT",
-                 "MAXSIM_CUDA_HOPPER_PADDED_CTAS"):
+                 "MAXSIM_CUDA_HOPPER_PADDED_CTAS", "MAXSIM_CUDA_HOPPER_QUERY_BUFS"):
         monkeypatch.delenv(knob, raising=False)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for cands, hopper in ((4 * sms // 32 + 1, True), (4 * sms // 32 - 1, False), (3 * sms // 32, dim == 128),
-                          (2 * sms // 32, False)):
-        case = make_padded(rng, 32, cands, 32, 180, dim, dtype=torch.float16, device="cuda",
-                           d_lens=torch.full((32, cands), 180))
+    for cands, ld, hopper in ((4 * sms // 32 + 1, 180, True), (4 * sms // 32 - 1, 180, dim == 128),
+                              (3 * sms // 32 + 2, 180, dim == 128), (3 * sms // 32 + 2, 64, False),
+                              (3 * sms // 32, 180, dim == 128), (2 * sms // 32, 180, dim == 128),
+                              (1, 180, dim == 128), (3 * sms // 32, 40, dim == 128), (2, 24, False)):
+        case = make_padded(rng, 32, cands, 32, ld, dim, dtype=torch.float16, device="cuda",
+                           d_lens=torch.full((32, cands), ld))
         if surface == "packed":
             case = padded_as_packed(case)
         (scores, argmax), names = kernel_names(lambda c=case: c.call(ms, "_with_argmax"))

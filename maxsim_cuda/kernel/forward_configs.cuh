@@ -119,13 +119,16 @@ inline PaddedGrid make_padded_grid(const ForwardParams& p) {
 // 18.6 / 14.8, ragged 16.9 / 13.9, RerankPacked 17.7 / 14.8, LongDocStress 7.1 / 6.6,
 // ColPaliRerank full 50.5 / 48.8. MAXSIM_CUDA_HOPPER_RESIDENT=0 forces the streamed shape at
 // dim <= 128 (read per call; 1, the default, is accepted too).
-// Three CTAs an SM (64 < dim <= 128, resident; hopper_three_ctas): 64-row tiles in three 16 KB
+// Three CTAs an SM (64 < dim <= 128, resident; hopper_three_cta_query_bufs): 64-row tiles in three 16 KB
 // slots and one 16 KB query buffer (64 KB a CTA), for calls of 2-3 steps an SM, which then
 // run in one wave of one step a CTA, a whole 180-row document in flight at once; one query
 // buffer, since a CTA meets one query. MAXSIM_CUDA_HOPPER_PADDED_CTAS=3 forces it; at dim >
 // 128 the knob picks the streamed shape at 64-row tiles, three CTAs an SM (four 16 KB slots
 // of an 8 KB query chunk and an 8 KB document chunk): more CTAs streaming at once, as
-// late-interaction-kernels runs four an SM on the wide full reranks it leads.
+// late-interaction-kernels runs four an SM on the wide full reranks it leads. Calls of 3-6 steps
+// an SM take the same tiles in two slots with two query buffers,
+// so that a CTA's runs of steps load a query once a run, the next one while a run ends;
+// MAXSIM_CUDA_HOPPER_QUERY_BUFS=2 picks that shape where the knob forces three CTAs.
 template <class T, class Grid>
 cudaError_t run_strided_hopper(const ForwardParams& p, const Grid& pol, bool& ran) {
   const EpilogueArgs ep = make_args<T>(p).ep;
@@ -138,8 +141,13 @@ cudaError_t run_strided_hopper(const ForwardParams& p, const Grid& pol, bool& ra
       return one_cta ? run_forward_hopper<T, HopperShape<64, 10, 1, false, 1, 2>>(p, pol, ep, ran)
                      : run_forward_hopper<T, HopperShape<64, 4, 1, false, 2, 2>>(p, pol, ep, ran);
     }
-    const bool three_ctas = e != nullptr && e[0] >= '1' && e[0] <= '3' ? e[0] == '3' : hopper_three_ctas(p);
-    if (three_ctas) return run_forward_hopper<T, HopperShape<128, 3, 1, false, 3, 1, 64>>(p, pol, ep, ran);
+    const char* qb = std::getenv("MAXSIM_CUDA_HOPPER_QUERY_BUFS");
+    const int three_cta_bufs = e == nullptr || e[0] < '1' || e[0] > '3' ? hopper_three_cta_query_bufs(p)
+                               : e[0] != '3'                           ? 0
+                               : qb != nullptr && qb[0] == '2'         ? 2
+                                                                       : 1;
+    if (three_cta_bufs == 2) return run_forward_hopper<T, HopperShape<128, 2, 1, false, 3, 2, 64>>(p, pol, ep, ran);
+    if (three_cta_bufs == 1) return run_forward_hopper<T, HopperShape<128, 3, 1, false, 3, 1, 64>>(p, pol, ep, ran);
     return one_cta ? run_forward_hopper<T, HopperShape<128, 5, 1, false, 1, 2>>(p, pol, ep, ran)
                    : run_forward_hopper<T, HopperShape<128, 2, 1, false, 2, 2>>(p, pol, ep, ran);
   }

@@ -222,15 +222,32 @@ inline int64_t hopper_strided_steps(const ForwardParams& p) {
   return hopper_blocks(hopper_view(p)).blocks * (p.surface == Surface::kPadded ? p.cands : 1);
 }
 
-// Whether the resident strided shape runs at three CTAs an SM (64-row tiles): calls of more
-// than two and at most three steps an SM, which two CTAs an SM take in two waves (SmallRerank,
-// 320 steps on 132 SMs) and three in one, a step a CTA. 64 < dim <= 128: the shape's 16 KB
-// slots hold 64 rows of 128 columns. MAXSIM_CUDA_HOPPER_PADDED_CTAS (run_strided_hopper)
-// overrides it.
-inline bool hopper_three_ctas(const ForwardParams& p) {
+// Query buffers of the resident strided shape at three CTAs an SM (64-row tiles, 16 KB slots
+// of 64 rows x 128 columns, so 64 < dim <= 128) where a call takes it, 0 where it does not.
+// Documents of kHopperMinDocRows and more on average keep two CTAs' 32 KB slots (LongDocStress:
+// 128 steps of 1,024 rows, which want the bytes in flight).
+// 1 (three 16 KB slots): calls of at most three steps an SM, a step a CTA in one wave. Above two
+// an SM (SmallRerank, 320 steps on 132 SMs) two CTAs an SM take two waves; below, the first
+// 64-row tile lands sooner than a 128-row one and a 180-row document pads to 192 rows, not 256
+// (H200, 2026-11-30: 32 x 1 / 2 / 5 at Ld 180 forced 4.14 / 4.16 / 4.98 us against the
+// default's 4.76 / 4.76 / 5.64).
+// 2 (two slots): calls of three to six steps an SM, whose CTAs take runs of consecutive steps, a
+// query loaded once a run and the next run's query while the last step of a run is scored. The
+// one-buffer shape reloads a query each step behind the consumers' release of the buffer, so at
+// two steps a CTA it lost to two CTAs an SM (H200, 2026-11-30, 32 x 20 at Ld 180: 11.41 us
+// against 10.08; late-interaction-kernels 8.69).
+// MAXSIM_CUDA_HOPPER_PADDED_CTAS and MAXSIM_CUDA_HOPPER_QUERY_BUFS (run_strided_hopper)
+// override it.
+inline int hopper_three_cta_query_bufs(const ForwardParams& p) {
   const int64_t steps = hopper_strided_steps(p), sms = p.num_sms > 0 ? p.num_sms : 1;
-  return p.dim > 64 && p.dim <= 128 && steps > 2 * sms && steps <= 3 * sms;
+  if (p.dim <= 64 || p.dim > 128 || steps > 6 * sms) return 0;
+  if (steps > 3 * sms) return average_doc_rows(p) < kHopperMinDocRows ? 2 : 0;
+  return steps > 2 * sms || average_doc_rows(p) < kHopperMinDocRows ? 1 : 0;
 }
+// Three-CTA calls take the sm_90a kernel from this many rows a document on average (one query
+// buffer: H200, 2026-11-30, 32 x 10 at Ld 64 / 32: 4.46 / 4.35 us three CTAs forced against
+// mma.sync's 5.09 / 5.36), or, with two, from the other shapes' kHopperResidentMinDocRows.
+constexpr int64_t kHopperThreeCtasMinDocRows = 32;
 
 // Whether this kernel is wanted for the call's surface and shape (contrastive: always).
 // MAXSIM_CUDA_HOPPER_PADDED / MAXSIM_CUDA_HOPPER_PACKED = 1 take it for every padded /
@@ -241,8 +258,10 @@ inline bool hopper_wanted(const ForwardParams& p) {
   const char* e = std::getenv(p.surface == Surface::kPacked ? "MAXSIM_CUDA_HOPPER_PACKED" : "MAXSIM_CUDA_HOPPER_PADDED");
   if (e != nullptr && (e[0] == '0' || e[0] == '1')) return e[0] == '1';
   if (p.dim > 128 || average_doc_rows(p) >= kHopperMinDocRows) return true;
+  const int three_cta_bufs = hopper_three_cta_query_bufs(p);
+  if (three_cta_bufs == 1) return average_doc_rows(p) >= kHopperThreeCtasMinDocRows;
   if (average_doc_rows(p) < kHopperResidentMinDocRows) return false;
-  return hopper_strided_steps(p) >= kHopperResidentMinStepsPerSm * p.num_sms || hopper_three_ctas(p);
+  return three_cta_bufs == 2 || hopper_strided_steps(p) >= kHopperResidentMinStepsPerSm * p.num_sms;
 }
 
 // dim > 128 on sm_90a: the dispatcher sends these calls to the K-streaming launcher

@@ -549,26 +549,6 @@ THREE_CTAS_TWO_QUERIES = [
       for n, lay in (("SmallRerank", "full"), ("Rerank", "full"), ("HeavyRerankPacked", "ragged"))),
 ]
 
-# Dynamic runs (candidate hopper_dynamic_runs.patch, 2026-11-30): strided walks whose CTAs take
-# their runs after the first from a ticket counter. By the default rule (two or more runs a CTA
-# and 96 MB or more of documents: the wide full reranks, HeavyRerank, HeavyRerankPacked), forced
-# on calls the rule leaves static (the memset's cost where balance gains little), and forced off
-# on both trees (the candidate's static walk through the new walker: its cost alone).
-DYNAMIC_ON, DYNAMIC_OFF = {"MAXSIM_CUDA_HOPPER_DYNAMIC": "1"}, {"MAXSIM_CUDA_HOPPER_DYNAMIC": "0"}
-DYNAMIC_RUNS = [
-    *((f"{n} {lay} float16", {}, lambda ms, n=n, lay=lay: workload_call(ms, n, lay))
-      for n, lay in (("RerankD256", "full"), ("RerankD512", "full"), ("RerankD768", "full"),
-                     ("RerankD1024", "full"), ("RerankD256", "ragged"), ("HeavyRerank", "full"),
-                     ("HeavyRerank", "ragged"), ("HeavyRerankPacked", "ragged"))),
-    *((f"{n} {lay} float16, dynamic forced", DYNAMIC_ON, lambda ms, n=n, lay=lay: workload_call(ms, n, lay))
-      for n, lay in (("Rerank", "full"), ("Rerank", "ragged"), ("RerankPacked", "ragged"),
-                     ("SingleQueryRerankPacked", "ragged"), ("SmallRerank", "full"), ("LongDocStress", "full"))),
-    *((f"{n} {lay} float16, dynamic off (control)", DYNAMIC_OFF, lambda ms, n=n, lay=lay: workload_call(ms, n, lay))
-      for n, lay in (("RerankD256", "full"), ("HeavyRerank", "full"), ("Rerank", "full"))),
-    *((f"{n} {lay} float16 (control)", {}, lambda ms, n=n, lay=lay: workload_call(ms, n, lay))
-      for n, lay in (("ColBERTCorpus", "ragged"), ("SmallRerankPacked", "ragged"))),
-]
-
 GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESIDUAL_PAIRS),
           "grad_documents": GRAD_DOCUMENTS, "bytes": BYTES, "query_load": QUERY_LOAD, "epilogue": EPILOGUE,
           "grad_queries": GRAD_QUERIES, "bytes_lq64": BYTES_LQ64, "tail_window": TAIL_WINDOW,
@@ -579,7 +559,7 @@ GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESI
           "ffma_xor": FFMA_XOR, "ffma_bytes": FFMA_BYTES,
           "residual_pieces": RESIDUAL_PIECES, "index_ahead": INDEX_AHEAD,
           "three_ctas": THREE_CTAS, "three_ctas_few_steps": THREE_CTAS_FEW_STEPS,
-          "three_ctas_two_queries": THREE_CTAS_TWO_QUERIES, "dynamic_runs": DYNAMIC_RUNS}
+          "three_ctas_two_queries": THREE_CTAS_TWO_QUERIES}
 
 
 def equal(a, b):

@@ -3,10 +3,11 @@ rule, with the mma.sync or the sm_90a kernel forced and without PDL, against lat
 kernels, over candidates per query (C) and document lengths (Ld) at B 32, Lq 32, dim 128, and a
 one-element torch op as the graph's floor. Run on the GPU machine after a build:
 
-  python3 tools/device/probe_small.py
+  python3 tools/device/probe_small.py [--shapes C:Ld,C:Ld,...] [--variants default,nopdl,...]
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -36,6 +37,12 @@ def us(fn) -> float:
 
 
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", help="C:Ld pairs, comma-separated (default: SHAPES)")
+    ap.add_argument("--variants", help="names from VARIANTS, comma-separated (default: all)")
+    args = ap.parse_args()
+    shapes = [tuple(int(v) for v in s.split(":")) for s in args.shapes.split(",")] if args.shapes else SHAPES
+    variants = [v for v in VARIANTS if not args.variants or v[0] in args.variants.split(",")]
     import kernels
     import late_interaction_kernels as lik
 
@@ -44,13 +51,13 @@ def main():
     x = torch.zeros(16, device="cuda")
     print(json.dumps({"torch add_ (floor)": us(lambda: x.add_(1.0))}))
     B, Lq, D = 32, 32, 128
-    for C, Ld in SHAPES:
+    for C, Ld in shapes:
         q = torch.nn.functional.normalize(torch.randn(B, Lq, D, device="cuda", generator=gen), dim=-1).half()
         d = torch.nn.functional.normalize(torch.randn(B, C, Ld, D, device="cuda", generator=gen), dim=-1).half()
         ql = torch.full((B,), Lq, device="cuda", dtype=torch.int32)
         dl = torch.full((B, C), Ld, device="cuda", dtype=torch.int32)
         row = {"C": C, "Ld": Ld}
-        for name, env in VARIANTS:
+        for name, env in variants:
             with knobs(env):
                 row[name] = us(lambda: ms.score_candidates_padded(q, d, ql, dl))  # noqa: B023
         row["lik"] = us(lambda: lik.maxsim(q, d, None, None))  # noqa: B023

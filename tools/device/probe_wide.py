@@ -37,13 +37,9 @@ VARIANTS = {
     "three_ctas": {"MAXSIM_CUDA_HOPPER_PADDED_CTAS": "3"},
     "streamed": {"MAXSIM_CUDA_HOPPER_RESIDENT": "0"},  # differs from default at dim <= 128 only
     "mma_sync": {"MAXSIM_CUDA_FORCE_MMA_SYNC": "1"},
-    # strided walks with dynamic runs on and off where the tree has them (hopper_dynamic_runs.patch;
-    # a tree without them runs its static walk under both)
-    "dynamic": {"MAXSIM_CUDA_HOPPER_DYNAMIC": "1"},
-    "static": {"MAXSIM_CUDA_HOPPER_DYNAMIC": "0"},
 }
 # the same MMAs in the same order as the default's: bit for bit its scores
-SAME_BITS = ("one_cta", "three_ctas", "dynamic", "static")
+SAME_BITS = ("one_cta", "three_ctas")
 
 
 def main():

@@ -206,12 +206,13 @@ if "hopper" in parts:
     # the resident one also in runs of one step and of three (a query loaded once a run); three
     # CTAs an SM: 64-row tiles, streamed and resident (one query buffer)
     for ctas, resident, run in (("2", "0", "4"), ("1", "0", "4"), ("2", "1", "4"), ("1", "1", "4"),
-                                ("2", "1", "1"), ("2", "1", "3"), ("3", "0", "4"), ("3", "1", "4")):
-        os.environ.update(MAXSIM_CUDA_HOPPER_PADDED_CTAS=ctas, MAXSIM_CUDA_HOPPER_RESIDENT=resident,
-                          MAXSIM_CUDA_HOPPER_RUN=run)
+                                ("2", "1", "1"), ("2", "1", "3"), ("3", "0", "4"), ("3", "1", "4"),
+                                ("3", "1q2", "4"), ("3", "1q2", "1")):
+        os.environ.update(MAXSIM_CUDA_HOPPER_PADDED_CTAS=ctas, MAXSIM_CUDA_HOPPER_RESIDENT=resident[0],
+                          MAXSIM_CUDA_HOPPER_RUN=run, MAXSIM_CUDA_HOPPER_QUERY_BUFS="2" if "q2" in resident else "1")
         for dtype in (torch.float16, torch.bfloat16):
             every_entry_point(dtype, 128)
-        if resident == "1":  # more steps than CTA slots: runs of several steps, queries reused
+        if resident[0] == "1":  # more steps than CTA slots: runs of several steps, queries reused
             q, d = rand(4, 32, 128, dtype=torch.float16), rand(4, 300, 40, 128, dtype=torch.float16)
             qlen = torch.tensor([29, 0, 17, 32], device=dev)
             dlen = torch.randint(0, 41, (4, 300), generator=gen).to(dev)
@@ -221,7 +222,7 @@ if "hopper" in parts:
                 rand(78, 128, dtype=torch.bfloat16), torch.tensor([0, 29, 29, 46, 78], device=dev),
                 rand(300 * 40, 128, dtype=torch.bfloat16), torch.arange(0, 300 * 40 + 1, 40, device=dev),
                 pq, torch.arange(1200, device=dev) % 300, max_q_len=32)
-    for knob in ("MAXSIM_CUDA_HOPPER_RESIDENT", "MAXSIM_CUDA_HOPPER_RUN"):
+    for knob in ("MAXSIM_CUDA_HOPPER_RESIDENT", "MAXSIM_CUDA_HOPPER_RUN", "MAXSIM_CUDA_HOPPER_QUERY_BUFS"):
         os.environ.pop(knob)
 if "bytes" in parts:
     # the sm_90a kernel for compressed documents, forced, in each of its Lq <= 32 tile shapes
