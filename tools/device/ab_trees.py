@@ -549,6 +549,28 @@ THREE_CTAS_TWO_QUERIES = [
       for n, lay in (("SmallRerank", "full"), ("Rerank", "full"), ("HeavyRerankPacked", "ragged"))),
 ]
 
+# The strided shape at 128 < dim <= 256 by a rule (candidate hopper_wide_rule.patch,
+# 2026-11-30): three streamed CTAs an SM at up to three steps an SM, the resident 256-column
+# shape (one CTA, two query buffers) at more steps under 512 rows, streamed two CTAs beyond.
+# By the default rule on both trees (base: streamed two CTAs everywhere), then controls the
+# rule leaves alone (long documents, dim 512, dim 128).
+WIDE_RULE = [
+    *padded_rows([
+        (f"32 x {c}, Lq 32, Ld 180, dim 256 ({32 * c} steps)", {}, (32, c, 32, 180, 256), torch.float16, "plain")
+        for c in (1, 5, 10, 12, 20, 50)]),
+    *padded_rows([
+        ("32 x 50, Lq 32, Ld 300, dim 256", {}, (32, 50, 32, 300, 256), torch.float16, "plain"),
+        ("32 x 50, Lq 32, Ld 180, dim 192, bfloat16", {}, (32, 50, 32, 180, 192), torch.bfloat16, "plain"),
+        ("16 x 50, Lq 64, Ld 180, dim 256", {}, (16, 50, 64, 180, 256), torch.float16, "plain"),
+        ("32 x 10, Lq 32, Ld 180, dim 136", {}, (32, 10, 32, 180, 136), torch.float16, "plain"),
+        ("32 x 50, Lq 32, Ld 1024, dim 256 (control)", {}, (32, 50, 32, 1024, 256), torch.float16, "plain"),
+        ("32 x 50, Lq 32, Ld 180, dim 512 (control)", {}, (32, 50, 32, 180, 512), torch.float16, "plain"),
+    ]),
+    *((f"{n} {lay} float16{note}", {}, lambda ms, n=n, lay=lay: workload_call(ms, n, lay))
+      for n, lay, note in (("RerankD256", "full", ""), ("RerankD256", "ragged", ""), ("RerankD512", "full", " (control)"),
+                           ("Rerank", "full", " (control)"), ("SmallRerank", "full", " (control)"))),
+]
+
 GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESIDUAL_PAIRS),
           "grad_documents": GRAD_DOCUMENTS, "bytes": BYTES, "query_load": QUERY_LOAD, "epilogue": EPILOGUE,
           "grad_queries": GRAD_QUERIES, "bytes_lq64": BYTES_LQ64, "tail_window": TAIL_WINDOW,
@@ -559,7 +581,7 @@ GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESI
           "ffma_xor": FFMA_XOR, "ffma_bytes": FFMA_BYTES,
           "residual_pieces": RESIDUAL_PIECES, "index_ahead": INDEX_AHEAD,
           "three_ctas": THREE_CTAS, "three_ctas_few_steps": THREE_CTAS_FEW_STEPS,
-          "three_ctas_two_queries": THREE_CTAS_TWO_QUERIES}
+          "three_ctas_two_queries": THREE_CTAS_TWO_QUERIES, "wide_rule": WIDE_RULE}
 
 
 def equal(a, b):

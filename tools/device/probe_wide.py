@@ -39,7 +39,7 @@ VARIANTS = {
     "mma_sync": {"MAXSIM_CUDA_FORCE_MMA_SYNC": "1"},
     # 128 < dim <= 256: the resident 256-column shapes where the tree has them (two CTAs of one
     # query buffer; one CTA of two); elsewhere the streamed shapes
-    "resident2": {"MAXSIM_CUDA_HOPPER_RESIDENT": "1"},
+    "resident2": {"MAXSIM_CUDA_HOPPER_RESIDENT": "1", "MAXSIM_CUDA_HOPPER_PADDED_CTAS": "2"},
     "resident1": {"MAXSIM_CUDA_HOPPER_RESIDENT": "1", "MAXSIM_CUDA_HOPPER_PADDED_CTAS": "1"},
 }
 # the same MMAs in the same order as the default's: bit for bit its scores
