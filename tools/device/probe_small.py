@@ -4,6 +4,13 @@ kernels, over candidates per query (C) and document lengths (Ld) at B 32, Lq 32,
 one-element torch op as the graph's floor. Run on the GPU machine after a build:
 
   python3 tools/device/probe_small.py [--shapes C:Ld,C:Ld,...] [--variants default,nopdl,...]
+
+With --once, each variant of each shape (and late-interaction-kernels, as `lik` in --variants)
+is called twice, a warm-up and the call to profile, with nothing timed: the form to run under
+Nsight Compute, e.g. the three-CTA kernel on 64-row documents against the peer's
+
+  ncu --set full -k regex:"maxsim_forward_hopper|_maxsim_fwd" --launch-skip 1 --launch-count 1 \
+      python3 tools/device/probe_small.py --shapes 10:64 --variants default --once
 """
 from __future__ import annotations
 
@@ -39,7 +46,8 @@ def us(fn) -> float:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", help="C:Ld pairs, comma-separated (default: SHAPES)")
-    ap.add_argument("--variants", help="names from VARIANTS, comma-separated (default: all)")
+    ap.add_argument("--variants", help="names from VARIANTS and lik, comma-separated (default: all)")
+    ap.add_argument("--once", action="store_true", help="call each twice, time nothing (for ncu)")
     args = ap.parse_args()
     shapes = [tuple(int(v) for v in s.split(":")) for s in args.shapes.split(",")] if args.shapes else SHAPES
     variants = [v for v in VARIANTS if not args.variants or v[0] in args.variants.split(",")]
@@ -49,13 +57,24 @@ def main():
     ms = kernels.get_local_kernel(ROOT, backend="cuda")
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.zeros(16, device="cuda")
-    print(json.dumps({"torch add_ (floor)": us(lambda: x.add_(1.0))}))
+    if not args.once:
+        print(json.dumps({"torch add_ (floor)": us(lambda: x.add_(1.0))}))
     B, Lq, D = 32, 32, 128
     for C, Ld in shapes:
         q = torch.nn.functional.normalize(torch.randn(B, Lq, D, device="cuda", generator=gen), dim=-1).half()
         d = torch.nn.functional.normalize(torch.randn(B, C, Ld, D, device="cuda", generator=gen), dim=-1).half()
         ql = torch.full((B,), Lq, device="cuda", dtype=torch.int32)
         dl = torch.full((B, C), Ld, device="cuda", dtype=torch.int32)
+        if args.once:
+            for name, env in variants:
+                with knobs(env):
+                    for _ in range(2):
+                        ms.score_candidates_padded(q, d, ql, dl)
+            if not args.variants or "lik" in args.variants.split(","):
+                for _ in range(2):
+                    lik.maxsim(q, d, None, None)
+            torch.cuda.synchronize()
+            continue
         row = {"C": C, "Ld": Ld}
         for name, env in variants:
             with knobs(env):
