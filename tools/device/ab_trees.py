@@ -571,6 +571,29 @@ WIDE_RULE = [
                            ("Rerank", "full", " (control)"), ("SmallRerank", "full", " (control)"))),
 ]
 
+# A CTA's first tile issued before its lengths are read (candidate hopper_first_tile_ahead.patch,
+# 2026-11-30): padded calls on the resident sm_90a shapes, where a step's query and first
+# document rows are placed by arithmetic alone. One-step CTAs (the small calls) first, then
+# calls of many steps a CTA (one step in many gains), and controls on other paths (streamed
+# shapes at dim 256, packed calls, mma.sync).
+FIRST_TILE_AHEAD = [
+    *padded_rows([
+        (f"32 x {c}, Lq 32, Ld 180 ({32 * c} steps)", {}, (32, c, 32, 180, 128), torch.float16, "plain")
+        for c in (1, 2, 5, 10, 16, 20)]),
+    *padded_rows([
+        ("32 x 10, Lq 32, Ld 64", {}, (32, 10, 32, 64, 128), torch.float16, "plain"),
+        ("32 x 10, Lq 32, Ld 32", {}, (32, 10, 32, 32, 128), torch.float16, "plain"),
+        ("32 x 4, Lq 64, Ld 180, bfloat16", {}, (32, 4, 64, 180, 128), torch.bfloat16, "plain"),
+        ("32 x 10, Lq 32, Ld 180, dim 64", {}, (32, 10, 32, 180, 64), torch.float16, "plain"),
+        ("32 x 10, Lq 32, Ld 180, dim 256 (control: streamed)", {}, (32, 10, 32, 180, 256), torch.float16, "plain"),
+    ]),
+    *((f"{n} {lay} float16{note}", {}, lambda ms, n=n, lay=lay: workload_call(ms, n, lay))
+      for n, lay, note in (("SmallRerank", "full", ""), ("SmallRerank", "ragged", ""), ("LongDocStress", "full", ""),
+                           ("Rerank", "full", ""), ("HeavyRerank", "full", ""),
+                           ("SmallRerankPacked", "ragged", " (control: packed)"),
+                           ("RerankD256", "full", " (control: streamed)"))),
+]
+
 GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESIDUAL_PAIRS),
           "grad_documents": GRAD_DOCUMENTS, "bytes": BYTES, "query_load": QUERY_LOAD, "epilogue": EPILOGUE,
           "grad_queries": GRAD_QUERIES, "bytes_lq64": BYTES_LQ64, "tail_window": TAIL_WINDOW,
@@ -581,7 +604,8 @@ GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESI
           "ffma_xor": FFMA_XOR, "ffma_bytes": FFMA_BYTES,
           "residual_pieces": RESIDUAL_PIECES, "index_ahead": INDEX_AHEAD,
           "three_ctas": THREE_CTAS, "three_ctas_few_steps": THREE_CTAS_FEW_STEPS,
-          "three_ctas_two_queries": THREE_CTAS_TWO_QUERIES, "wide_rule": WIDE_RULE}
+          "three_ctas_two_queries": THREE_CTAS_TWO_QUERIES, "wide_rule": WIDE_RULE,
+          "first_tile_ahead": FIRST_TILE_AHEAD}
 
 
 def equal(a, b):
