@@ -120,9 +120,9 @@ inline PaddedGrid make_padded_grid(const ForwardParams& p) {
 // ColPaliRerank full 50.5 / 48.8. MAXSIM_CUDA_HOPPER_RESIDENT=0 forces the streamed shape at
 // dim <= 128 (read per call; 1, the default, is accepted too).
 // Three CTAs an SM (64 < dim <= 128, resident; hopper_three_cta_query_bufs): 64-row tiles in three 16 KB
-// slots and one 16 KB query buffer (64 KB a CTA), for calls of 2-3 steps an SM, which then
-// run in one wave of one step a CTA, a whole 180-row document in flight at once; one query
-// buffer, since a CTA meets one query. MAXSIM_CUDA_HOPPER_PADDED_CTAS=3 forces it; at dim >
+// slots and one 16 KB query buffer (64 KB a CTA), for calls of at most three steps an SM, which
+// then run in one wave of one step a CTA, a whole 180-row document in flight at once; one
+// query buffer, since a CTA meets one query. MAXSIM_CUDA_HOPPER_PADDED_CTAS=3 forces it; at dim >
 // 128 the knob picks the streamed shape at 64-row tiles, three CTAs an SM (four 16 KB slots
 // of an 8 KB query chunk and an 8 KB document chunk): more CTAs streaming at once, as
 // late-interaction-kernels runs four an SM on the wide full reranks it leads. Calls of 3-6 steps

@@ -135,6 +135,13 @@ def workload_call(ms, name, layout, fmt=None):
     return lambda: W.maxsim_call(ms, x)
 
 
+def workload_rows(calls, env=None, note=""):
+    """Rows of compare.py workloads with float16 documents: (workload, layout) or (workload,
+    layout, row note) pairs, each named "<workload> <layout> float16<note>", under env."""
+    return [(f"{c[0]} {c[1]} float16{c[2] if len(c) > 2 else note}", env or {},
+             lambda ms, n=c[0], lay=c[1]: workload_call(ms, n, lay)) for c in calls]
+
+
 # The sm_90a byte kernel (2026-11-26, ade1a10..9045904 and what follows it): the rerank rows of
 # issue 19 in each layout, int8 (float8 e4m3fn within a few percent of it in every run so far).
 BYTES = [
@@ -517,10 +524,8 @@ THREE_CTAS_FEW_STEPS = [
         ("32 x 10, Lq 32, Ld 24 (control)", {}, (32, 10, 32, 24, 128), torch.float16, "plain"),
         ("32 x 2, Lq 32, Ld 180, dim 64 (control)", {}, (32, 2, 32, 180, 64), torch.float16, "plain"),
     ]),
-    *((f"{n} {lay} float16{note}", {}, lambda ms, n=n, lay=lay: workload_call(ms, n, lay))
-      for n, lay, note in (("SingleQueryRerankPacked", "ragged", " (control)"), ("SmallRerank", "full", " (control)"),
-                           ("LongDocStress", "full", " (control)"), ("LongDocStressPacked", "ragged", " (control)"),
-                           ("Rerank", "full", " (control)"))),
+    *workload_rows((("SingleQueryRerankPacked", "ragged"), ("SmallRerank", "full"), ("LongDocStress", "full"),
+                    ("LongDocStressPacked", "ragged"), ("Rerank", "full")), note=" (control)"),
 ]
 
 # Three CTAs an SM with two query buffers (candidate hopper_three_ctas_rule.patch,
@@ -543,10 +548,8 @@ THREE_CTAS_TWO_QUERIES = [
         ("32 x 20, Lq 32, Ld 300 (control)", {}, (32, 20, 32, 300, 128), torch.float16, "plain"),
         ("32 x 20, Lq 32, Ld 180, dim 64 (control)", {}, (32, 20, 32, 180, 64), torch.float16, "plain"),
     ]),
-    *((f"{n} {lay} float16, three CTAs forced", HOPPER3_Q2, lambda ms, n=n, lay=lay: workload_call(ms, n, lay))
-      for n, lay in (("Rerank", "full"), ("RerankPacked", "ragged"))),
-    *((f"{n} {lay} float16 (control)", {}, lambda ms, n=n, lay=lay: workload_call(ms, n, lay))
-      for n, lay in (("SmallRerank", "full"), ("Rerank", "full"), ("HeavyRerankPacked", "ragged"))),
+    *workload_rows((("Rerank", "full"), ("RerankPacked", "ragged")), HOPPER3_Q2, ", three CTAs forced"),
+    *workload_rows((("SmallRerank", "full"), ("Rerank", "full"), ("HeavyRerankPacked", "ragged")), note=" (control)"),
 ]
 
 # The strided shape at 128 < dim <= 256 by a rule (candidate hopper_wide_rule.patch,
@@ -566,9 +569,8 @@ WIDE_RULE = [
         ("32 x 50, Lq 32, Ld 1024, dim 256 (control)", {}, (32, 50, 32, 1024, 256), torch.float16, "plain"),
         ("32 x 50, Lq 32, Ld 180, dim 512 (control)", {}, (32, 50, 32, 180, 512), torch.float16, "plain"),
     ]),
-    *((f"{n} {lay} float16{note}", {}, lambda ms, n=n, lay=lay: workload_call(ms, n, lay))
-      for n, lay, note in (("RerankD256", "full", ""), ("RerankD256", "ragged", ""), ("RerankD512", "full", " (control)"),
-                           ("Rerank", "full", " (control)"), ("SmallRerank", "full", " (control)"))),
+    *workload_rows((("RerankD256", "full"), ("RerankD256", "ragged"), ("RerankD512", "full", " (control)"),
+                    ("Rerank", "full", " (control)"), ("SmallRerank", "full", " (control)"))),
 ]
 
 # A CTA's first tile issued before its lengths are read (candidate hopper_first_tile_ahead.patch,
@@ -587,11 +589,9 @@ FIRST_TILE_AHEAD = [
         ("32 x 10, Lq 32, Ld 180, dim 64", {}, (32, 10, 32, 180, 64), torch.float16, "plain"),
         ("32 x 10, Lq 32, Ld 180, dim 256 (control: streamed)", {}, (32, 10, 32, 180, 256), torch.float16, "plain"),
     ]),
-    *((f"{n} {lay} float16{note}", {}, lambda ms, n=n, lay=lay: workload_call(ms, n, lay))
-      for n, lay, note in (("SmallRerank", "full", ""), ("SmallRerank", "ragged", ""), ("LongDocStress", "full", ""),
-                           ("Rerank", "full", ""), ("HeavyRerank", "full", ""),
-                           ("SmallRerankPacked", "ragged", " (control: packed)"),
-                           ("RerankD256", "full", " (control: streamed)"))),
+    *workload_rows((("SmallRerank", "full"), ("SmallRerank", "ragged"), ("LongDocStress", "full"),
+                    ("Rerank", "full"), ("HeavyRerank", "full"), ("SmallRerankPacked", "ragged", " (control: packed)"),
+                    ("RerankD256", "full", " (control: streamed)"))),
 ]
 
 GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESIDUAL_PAIRS),

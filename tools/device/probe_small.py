@@ -1,16 +1,21 @@
 """Fixed cost of small padded calls: GPU time per call (CUDA graphs, us) of maxsim by its default
 rule, with the mma.sync or the sm_90a kernel forced and without PDL, against late-interaction-
-kernels, over candidates per query (C) and document lengths (Ld) at B 32, Lq 32, dim 128, and a
-one-element torch op as the graph's floor. Run on the GPU machine after a build:
+kernels (`lik`), over candidates per query (C) and document lengths (Ld) at B 32, Lq 32, dim
+128, and a one-element torch op as the graph's floor. Run on the GPU machine after a build:
 
-  python3 tools/device/probe_small.py [--shapes C:Ld,C:Ld,...] [--variants default,nopdl,...]
+  python3 tools/device/probe_small.py [--shapes C:Ld,C:Ld,...] [--variants default,nopdl,lik,...]
 
-With --once, each variant of each shape (and late-interaction-kernels, as `lik` in --variants)
-is called twice, a warm-up and the call to profile, with nothing timed: the form to run under
-Nsight Compute, e.g. the three-CTA kernel on 64-row documents against the peer's
+Each call is replayed on the same documents, as compare.py does, so documents of a few tens of
+MB partly stay in L2 between replays. --sets N also times every variant rotating over N
+document sets (the `<variant>_rotN` columns), whose documents come from DRAM once the sets
+outgrow the L2 (H200: 50 MB).
+
+With --once, each variant of each shape is called twice, a warm-up and the call to profile,
+with nothing timed: the form to run under Nsight Compute, e.g. the three-CTA kernel on 64-row
+documents against the peer's
 
   ncu --set full -k regex:"maxsim_forward_hopper|_maxsim_fwd" --launch-skip 1 --launch-count 1 \
-      python3 tools/device/probe_small.py --shapes 10:64 --variants default --once
+      python3 tools/device/probe_small.py --shapes 10:64 --variants default,lik --once
 """
 from __future__ import annotations
 
@@ -47,10 +52,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", help="C:Ld pairs, comma-separated (default: SHAPES)")
     ap.add_argument("--variants", help="names from VARIANTS and lik, comma-separated (default: all)")
+    ap.add_argument("--sets", type=int, default=0, help="also time rotating over this many document sets")
     ap.add_argument("--once", action="store_true", help="call each twice, time nothing (for ncu)")
     args = ap.parse_args()
     shapes = [tuple(int(v) for v in s.split(":")) for s in args.shapes.split(",")] if args.shapes else SHAPES
-    variants = [v for v in VARIANTS if not args.variants or v[0] in args.variants.split(",")]
+    wanted = args.variants.split(",") if args.variants else [n for n, _ in VARIANTS] + ["lik"]
     import kernels
     import late_interaction_kernels as lik
 
@@ -60,26 +66,31 @@ def main():
     if not args.once:
         print(json.dumps({"torch add_ (floor)": us(lambda: x.add_(1.0))}))
     B, Lq, D = 32, 32, 128
+    unit = lambda *shape: torch.nn.functional.normalize(  # noqa: E731
+        torch.randn(*shape, D, device="cuda", generator=gen), dim=-1).half()
     for C, Ld in shapes:
-        q = torch.nn.functional.normalize(torch.randn(B, Lq, D, device="cuda", generator=gen), dim=-1).half()
-        d = torch.nn.functional.normalize(torch.randn(B, C, Ld, D, device="cuda", generator=gen), dim=-1).half()
+        q = unit(B, Lq)
+        docs = [unit(B, C, Ld) for _ in range(max(args.sets, 1))]
         ql = torch.full((B,), Lq, device="cuda", dtype=torch.int32)
         dl = torch.full((B, C), Ld, device="cuda", dtype=torch.int32)
+        row = {"C": C, "Ld": Ld}
+        for name in wanted:
+            if name == "lik":
+                call, env = (lambda d: lik.maxsim(q, d, None, None)), {}  # noqa: B023
+            else:
+                call, env = (lambda d: ms.score_candidates_padded(q, d, ql, dl)), dict(VARIANTS)[name]  # noqa: B023
+            with knobs(env):
+                if args.once:
+                    call(docs[0])
+                    call(docs[0])
+                    continue
+                row[name] = us(lambda: call(docs[0]))  # noqa: B023
+                if args.sets:
+                    row[f"{name}_rot{args.sets}"] = round(
+                        graph_time_ms(lambda: [call(d) for d in docs]) * 1e3 / args.sets, 2)  # noqa: B023
         if args.once:
-            for name, env in variants:
-                with knobs(env):
-                    for _ in range(2):
-                        ms.score_candidates_padded(q, d, ql, dl)
-            if not args.variants or "lik" in args.variants.split(","):
-                for _ in range(2):
-                    lik.maxsim(q, d, None, None)
             torch.cuda.synchronize()
             continue
-        row = {"C": C, "Ld": Ld}
-        for name, env in variants:
-            with knobs(env):
-                row[name] = us(lambda: ms.score_candidates_padded(q, d, ql, dl))  # noqa: B023
-        row["lik"] = us(lambda: lik.maxsim(q, d, None, None))  # noqa: B023
         print(json.dumps(row), flush=True)
 
 
