@@ -289,11 +289,11 @@ PADDED_SHAPES = [
 
 # Both shapes: two CTAs per SM with 4-slot rings (the default), or one with 8 slots (the
 # only one with the m64n32 tail).
-# The strided grids' shapes: CTAs an SM, and (dim <= 256) the query streamed beside every
-# K-chunk or resident in query buffers the producer fills a step ahead (at 128 < dim <= 256
-# the 256-column resident shapes: one CTA with two buffers for ctas1, else two CTAs with one);
-# three CTAs an SM at 64-row tiles: streamed (any dim), or resident with one query buffer, or
-# with two (q2; 64 < dim <= 128; at dim <= 64 the knob leaves the two-CTA resident shape).
+# The strided grids' shapes: CTAs an SM, and (dim <= 128) the query streamed beside every
+# K-chunk or resident in query buffers the producer fills a step ahead; three CTAs an SM at
+# 64-row tiles: streamed (any dim), or resident with one query buffer, or with two (q2;
+# 64 < dim <= 128; at dim <= 64 the knob leaves the two-CTA resident shape, at dim > 128 it
+# takes the streamed one).
 PADDED_CTAS = pytest.mark.parametrize(
     "ctas", ["2", "1", "3", "2-resident", "1-resident", "3-resident", "3-resident-q2"],
     ids=["ctas2", "ctas1", "ctas3", "ctas2_resident", "ctas1_resident", "ctas3_resident",

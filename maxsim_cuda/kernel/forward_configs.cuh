@@ -151,16 +151,6 @@ cudaError_t run_strided_hopper(const ForwardParams& p, const Grid& pol, bool& ra
     return one_cta ? run_forward_hopper<T, HopperShape<128, 5, 1, false, 1, 2>>(p, pol, ep, ran)
                    : run_forward_hopper<T, HopperShape<128, 2, 1, false, 2, 2>>(p, pol, ep, ran);
   }
-  // 128 < dim <= 256, MAXSIM_CUDA_HOPPER_RESIDENT=1 (experiment; the default streams): the
-  // resident shape at 256 columns, so that a step reads its query once instead of beside every
-  // 64-column chunk (the streamed slots' query chunks are a third of the dim-256 rerank's L2
-  // sectors). Two CTAs an SM of two 32 KB slots and one query buffer (96 KB a CTA), or with
-  // MAXSIM_CUDA_HOPPER_PADDED_CTAS=1 one CTA of three slots and two query buffers (160 KB), a
-  // query loaded once a run of a padded query's candidates.
-  if (!streamed && r != nullptr && r[0] == '1' && p.dim <= 256) {
-    return one_cta ? run_forward_hopper<T, HopperShape<256, 3, 1, false, 1, 2, 64>>(p, pol, ep, ran)
-                   : run_forward_hopper<T, HopperShape<256, 2, 1, false, 2, 1, 64>>(p, pol, ep, ran);
-  }
   if (one_cta) return run_forward_hopper<T, HopperShape<64, 8, 1, true>>(p, pol, ep, ran);
   if (e != nullptr && e[0] == '3') return run_forward_hopper<T, HopperShape<64, 4, 1, true, 3, 1, 64>>(p, pol, ep, ran);
   return run_forward_hopper<T, HopperShape<64, 4, 1, true, 2>>(p, pol, ep, ran);
