@@ -37,9 +37,8 @@ VARIANTS = {
     "three_ctas": {"MAXSIM_CUDA_HOPPER_PADDED_CTAS": "3"},
     "streamed": {"MAXSIM_CUDA_HOPPER_RESIDENT": "0"},  # differs from default at dim <= 128 only
     "mma_sync": {"MAXSIM_CUDA_FORCE_MMA_SYNC": "1"},
-    # 128 < dim <= 256: the resident 256-column shapes where the tree has them (hopper_wide_rule.patch;
-    # two CTAs of one
-    # query buffer, one CTA of two); elsewhere the streamed shapes
+    # 128 < dim <= 256: the resident 256-column shapes where the tree has them
+    # (hopper_wide_rule.patch; two CTAs of one query buffer, one CTA of two); else streamed
     "resident2": {"MAXSIM_CUDA_HOPPER_RESIDENT": "1", "MAXSIM_CUDA_HOPPER_PADDED_CTAS": "2"},
     "resident1": {"MAXSIM_CUDA_HOPPER_RESIDENT": "1", "MAXSIM_CUDA_HOPPER_PADDED_CTAS": "1"},
 }
