@@ -289,11 +289,11 @@ PADDED_SHAPES = [
 
 # Both shapes: two CTAs per SM with 4-slot rings (the default), or one with 8 slots (the
 # only one with the m64n32 tail).
-# The strided grids' shapes: CTAs an SM, and (dim <= 128) the query streamed beside every
-# K-chunk or resident in query buffers the producer fills a step ahead; three CTAs an SM at
-# 64-row tiles: streamed (any dim), or resident with one query buffer, or with two (q2;
-# 64 < dim <= 128; at dim <= 64 the knob leaves the two-CTA resident shape, at dim > 128 it
-# takes the streamed one).
+# The strided grids' shapes: CTAs an SM, and (dim <= 256) the query streamed beside every
+# K-chunk or resident in query buffers the producer fills a step ahead (at 128 < dim <= 256
+# the 256-column resident shapes: one CTA with two buffers for ctas1, else two CTAs with one);
+# three CTAs an SM at 64-row tiles: streamed (any dim), or resident with one query buffer, or
+# with two (q2; 64 < dim <= 128; at dim <= 64 the knob leaves the two-CTA resident shape).
 PADDED_CTAS = pytest.mark.parametrize(
     "ctas", ["2", "1", "3", "2-resident", "1-resident", "3-resident", "3-resident-q2"],
     ids=["ctas2", "ctas1", "ctas3", "ctas2_resident", "ctas1_resident", "ctas3_resident",
@@ -442,6 +442,35 @@ def test_default_rule_takes_sm90a_kernel_for_many_steps(ms, monkeypatch, rng, su
         assert any("HopperParams" in n for n in names) == hopper, (cands, sorted(names))
         assert_scores(scores, case)
         assert_argmax(argmax, case)
+
+
+@pytest.mark.parametrize("surface", ["padded", "packed"])
+def test_wide_default_rule_matches_streamed_shape(ms, monkeypatch, rng, surface):
+    """128 < dim <= 256 by the default rule (hopper_wide_shape): the two-CTA streamed shape up
+    to two steps an SM, three streamed CTAs an SM up to three, the resident 256-column shape at more steps of documents under
+    512 rows, the two-CTA streamed shape for longer ones. Each takes the streamed shape's MMAs
+    in the same order, so its scores and argmax must equal that shape's bit for bit, on both
+    sides of every threshold, and the reference."""
+    for knob in ("MAXSIM_CUDA_HOPPER_RESIDENT", "MAXSIM_CUDA_HOPPER_PADDED_CTAS", "MAXSIM_CUDA_HOPPER_QUERY_BUFS"):
+        monkeypatch.delenv(knob, raising=False)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    # (candidates a query, Ld, dim, every document full): full 600-row and 300-row documents
+    # cross the rule's row thresholds, random lengths average half of Ld
+    for cands, ld, dim, full in ((2 * sms // 32, 180, 256, False), (2 * sms // 32 + 2, 180, 256, True),
+                                 (3 * sms // 32, 300, 192, False), (3 * sms // 32 + 2, 180, 256, False),
+                                 (4 * sms // 32 + 1, 200, 136, True), (3 * sms // 32 + 2, 600, 256, True),
+                                 (2 * sms // 32, 300, 256, True), (6, 70, 256, False)):
+        d_lens = torch.full((32, cands), ld) if full else rand_lengths(rng, (32, cands), ld)
+        case = make_padded(rng, 32, cands, 32, ld, dim, dtype=torch.bfloat16, device="cuda", d_lens=d_lens)
+        if surface == "packed":
+            case = padded_as_packed(case)
+        monkeypatch.delenv("MAXSIM_CUDA_HOPPER_RESIDENT", raising=False)
+        scores, argmax = case.call(ms, "_with_argmax")
+        assert_scores(scores, case)
+        assert_argmax(argmax, case)
+        monkeypatch.setenv("MAXSIM_CUDA_HOPPER_RESIDENT", "0")
+        streamed = case.call(ms, "_with_argmax")
+        assert torch.equal(scores, streamed[0]) and torch.equal(argmax, streamed[1]), (cands, ld, dim)
 
 
 def test_padded_few_long_pairs(ms, monkeypatch, rng):

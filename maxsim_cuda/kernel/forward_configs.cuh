@@ -151,8 +151,24 @@ cudaError_t run_strided_hopper(const ForwardParams& p, const Grid& pol, bool& ra
     return one_cta ? run_forward_hopper<T, HopperShape<128, 5, 1, false, 1, 2>>(p, pol, ep, ran)
                    : run_forward_hopper<T, HopperShape<128, 2, 1, false, 2, 2>>(p, pol, ep, ran);
   }
+  // 128 < dim <= 256: the resident shape at 256 columns reads a step's query once instead of
+  // beside every 64-column chunk (the streamed slots' query chunks are a third of the dim-256
+  // rerank's L2 sectors). One CTA of three 32 KB slots and two query buffers (160 KB), a
+  // query loaded once a run of a padded query's candidates; or, at two CTAs an SM by the knobs
+  // alone, two slots and one buffer (96 KB a CTA). hopper_wide_shape picks where no knob does;
+  // MAXSIM_CUDA_HOPPER_RESIDENT=1 forces resident (PADDED_CTAS=2: two CTAs), =0 streamed.
+  const WideShape wide = r != nullptr && (r[0] == '0' || r[0] == '1') ? (r[0] == '1' ? WideShape::kResidentRuns
+                                                                                    : WideShape::kStreamed)
+                         : e != nullptr && e[0] >= '1' && e[0] <= '3' ? WideShape::kStreamed
+                                                                      : hopper_wide_shape(p);
+  if (wide == WideShape::kResidentRuns && p.dim <= 256) {
+    return e != nullptr && e[0] == '2' ? run_forward_hopper<T, HopperShape<256, 2, 1, false, 2, 1, 64>>(p, pol, ep, ran)
+                                       : run_forward_hopper<T, HopperShape<256, 3, 1, false, 1, 2, 64>>(p, pol, ep, ran);
+  }
   if (one_cta) return run_forward_hopper<T, HopperShape<64, 8, 1, true>>(p, pol, ep, ran);
-  if (e != nullptr && e[0] == '3') return run_forward_hopper<T, HopperShape<64, 4, 1, true, 3, 1, 64>>(p, pol, ep, ran);
+  if ((e != nullptr && e[0] == '3') || wide == WideShape::kStreamedThreeCtas) {
+    return run_forward_hopper<T, HopperShape<64, 4, 1, true, 3, 1, 64>>(p, pol, ep, ran);
+  }
   return run_forward_hopper<T, HopperShape<64, 4, 1, true, 2>>(p, pol, ep, ran);
 }
 

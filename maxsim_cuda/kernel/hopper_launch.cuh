@@ -249,6 +249,25 @@ inline int hopper_three_cta_query_bufs(const ForwardParams& p) {
 // mma.sync's 5.09 / 5.36), or, with two, from the other shapes' kHopperResidentMinDocRows.
 constexpr int64_t kHopperThreeCtasMinDocRows = 32;
 
+// The strided shape at 128 < dim <= 256 where no knob picks one (run_strided_hopper). H200,
+// 2026-11-30, B 32, Lq 32, dim 256, us, default (streamed, two CTAs) / streamed three CTAs /
+// resident one CTA with two query buffers (`benchmarks/results/
+// h200_probe_wide_resident256_0b45d27.json`): C 10 at Ld 180 (320 steps) 10.88 / 8.44 / 10.64;
+// C 50 at Ld 180 44.12 / 42.62 / 41.20, at Ld 300 67.68 / 68.55 / 65.43, at Ld 1,024 202.62 /
+// 215.93 / 213.33. Steps that two CTAs an SM cannot take in one wave but three can take three;
+// many steps of documents under kHopperWideResidentMaxRows read each query once a run; long
+// documents stream. Calls that fit one wave at two CTAs stay there: three CTAs' smaller rings
+// made C 1 and C 5 at Ld 180 (32 and 160 steps) 1.13x and 1.17x slower (2026-11-30, ab on
+// 3fa996f, `benchmarks/results/h200_ab_wide_rule_first_tile_ahead_3fa996f.json`).
+enum class WideShape { kStreamed, kStreamedThreeCtas, kResidentRuns };
+constexpr int64_t kHopperWideResidentMaxRows = 512;
+inline WideShape hopper_wide_shape(const ForwardParams& p) {
+  const int64_t steps = hopper_strided_steps(p), sms = p.num_sms > 0 ? p.num_sms : 1;
+  if (p.dim <= 128 || p.dim > 256 || steps <= 2 * sms) return WideShape::kStreamed;
+  if (steps <= 3 * sms) return WideShape::kStreamedThreeCtas;
+  return average_doc_rows(p) < kHopperWideResidentMaxRows ? WideShape::kResidentRuns : WideShape::kStreamed;
+}
+
 // Whether this kernel is wanted for the call's surface and shape (contrastive: always).
 // MAXSIM_CUDA_HOPPER_PADDED / MAXSIM_CUDA_HOPPER_PACKED = 1 take it for every padded /
 // packed call it can run, 0 for none (read per call: tests and comparisons).

@@ -13,7 +13,8 @@
 namespace maxsim_cuda {
 namespace kernel {
 
-// Two ways to feed the consumers. Resident (dim <= 128): each warpgroup's query block sits
+// Two ways to feed the consumers. Resident (dim <= 128; strided shapes up to 256 columns,
+// run_strided_hopper): each warpgroup's query block sits
 // in shared memory for a whole set and a ring slot holds a document tile of all KD columns.
 // Streamed (STREAM, any dim): a ring slot holds one 64-column K-chunk of the tile and of
 // every consumer's query block, and a tile's MMAs accumulate over ceil(dim / 64) slots, as a
@@ -49,7 +50,7 @@ struct HopperShape {
   static constexpr bool kWiden = false;         // a widening stage between the rings
   static constexpr bool kDocsAsA = false;       // documents are the MMAs' B operand (N = tile rows)
   static constexpr int kEmptyArrivals = kConsumers * 128;  // arrivals that free a producer slot
-  static_assert(KD % 64 == 0 && KB >= 1 && KB <= 2, "KD");
+  static_assert(KD % 64 == 0 && KB >= 1 && KB <= 4, "KD");
   static_assert(QBUFS_ == 1 || (!STREAM_ && CONSUMERS_ == 1), "several query buffers: resident strided shapes");
   static_assert(BN_ == 128 || (BN_ == 64 && CONSUMERS_ == 1), "64-row tiles: strided shapes");
 };

@@ -50,6 +50,13 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 #endif
 }
+// Announces `bytes` of TMA traffic without arriving: the phase still waits for the arrival,
+// which can then come later (after the slot's TileInfo is written).
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+#if MAXSIM_HAS_WGMMA
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
 // Spins until the phase with this parity has completed. A fresh barrier counts its
 // "previous" phase (parity 1) as complete, which is how a producer's first pass through
 // the empty barriers of a ring goes straight through.

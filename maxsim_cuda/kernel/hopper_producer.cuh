@@ -118,6 +118,58 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
       tma_load_2d(dst, qmap, bar, x, static_cast<int>(block_row0(hp, first + g)));
     }
   };
+  // The non-pair grids' query blocks of a set: every one a step of the set loads.
+  auto set_query = [&](int64_t set) {
+    first = set * C;
+    blocks = static_cast<int>(hp.blocks - first < C ? hp.blocks - first : C);
+    qbytes = 0;
+    for (int g = 0; g < blocks; ++g) {
+      qbytes += Policy::kBoundedLoads ? uint32_t(query_boxes(hp, first + g)) * kBoxBytes : Shape::kQueryBlockBytes / KB;
+    }
+  };
+  auto issue_query = [&](int qbuf) {  // resident shapes: into query buffer qbuf
+    if constexpr (!Shape::kStream) {
+      mbar_arrive_expect_tx(smem_addr(&sm.qfull[qbuf]), KB * qbytes);
+      for (int g = 0; g < blocks; ++g) {
+#pragma unroll
+        for (int kb = 0; kb < KB; ++kb) {
+          load_query(smem_addr(sm.query[qbuf][g]) + kb * (Shape::kQueryBlockBytes / KB), smem_addr(&sm.qfull[qbuf]),
+                     g, kb * 64);
+        }
+      }
+    }
+  };
+  // kAhead (the padded grid, resident 16-bit shapes): a CTA's first step's query blocks and
+  // first document tile are placed by arithmetic on the grid alone (the query's padded rows,
+  // the document's first min(Ld, BN) rows; a first tile never moves back), so they are issued
+  // before the step's lengths are read, and the tile's slot gets its TileInfo and its arrival
+  // once they are. The read's latency then leaves the first tile's path: the whole call, for a
+  // call of one step a CTA. A tile loaded past a short document's rows is masked as a bounded
+  // load's stale rows are; a document without rows leaves its bytes unread.
+  constexpr bool kAhead = Policy::kBoundedLoads && !Policy::kPairRows && !Shape::kStream && !Shape::kWiden &&
+                          Shape::kScaleBytes == 0;
+  bool query_ahead = false, tile_ahead = false;
+  if constexpr (kAhead) {
+    if (walk.more()) {
+      set_query(walk.set);
+      issue_query(0);  // round 0: its empty barrier is fresh
+      query_ahead = true;
+      const int boxes = pol.Ld < BN ? static_cast<int>((pol.Ld + kBoxRows - 1) / kBoxRows) : 0;
+      const int drow = static_cast<int>(next.k * pol.Ld);
+      const uint32_t full = smem_addr(&sm.ring.full[0]), slot = smem_addr(sm.ring.slot[0]);
+      mbar_expect_tx(full, boxes > 0 ? Shape::kDocBlocks * uint32_t(boxes) * kBoxBytes : Shape::kDocBytes);
+#pragma unroll
+      for (int kb = 0; kb < Shape::kDocBlocks; ++kb) {
+        const uint32_t dst = slot + kb * BN * kRowBytes;
+        if (boxes == 0) {
+          tma_load_2d(dst, dmap, full, kb * 64, drow);
+        } else {
+          for (int j = 0; j < boxes; ++j) tma_load_2d(dst + j * kBoxBytes, tmap, full, kb * 64, drow + j * kBoxRows);
+        }
+      }
+      tile_ahead = true;
+    }
+  }
   while (walk.more()) {
     const StepRows cur = pol.step_rows(next);
     const int64_t cur_n = walk.n, cur_row0 = cur.row0;
@@ -137,20 +189,16 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
     }
     bool new_query = false;  // this step's first tile tells the consumers (kTileQuery)
     if (this_set != cur_set) {
-      first = this_set * C;
-      blocks = static_cast<int>(hp.blocks - first < C ? hp.blocks - first : C);
       if constexpr (Policy::kPairRows) {
+        first = this_set * C;
+        blocks = static_cast<int>(hp.blocks - first < C ? hp.blocks - first : C);
         const int64_t c = hp.nchunks > 1 ? first - div_nonneg(first, hp.nchunks) * hp.nchunks : 0;
         const int64_t rows = clamp64(int64_t(cur_qlen) - c * 64, 0, 64);
         qrow = static_cast<int>(cur.qrow0 + c * 64);
         qboxes = static_cast<int>((rows + kBoxRows - 1) / kBoxRows);
         qbytes = uint32_t(qboxes) * kBoxBytes;
-      } else {
-        qbytes = 0;
-        for (int g = 0; g < blocks; ++g) {
-          qbytes += Policy::kBoundedLoads ? uint32_t(query_boxes(hp, first + g)) * kBoxBytes
-                                          : Shape::kQueryBlockBytes / KB;
-        }
+      } else if (!query_ahead) {
+        set_query(this_set);
       }
       new_query = true;
       if constexpr (Shape::kQueryReuse && Policy::kPairRows) {
@@ -164,19 +212,15 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
           // r - kQueryBufs (a fresh barrier passes the first wait)
           constexpr int QB = Shape::kQueryBufs;
           const int qbuf = static_cast<int>(qround % QB);
-          mbar_wait(smem_addr(&sm.qempty[qbuf]), ((qround / QB) & 1) ^ 1);
-          ++qround;
-          mbar_arrive_expect_tx(smem_addr(&sm.qfull[qbuf]), KB * qbytes);
-          for (int g = 0; g < blocks; ++g) {
-#pragma unroll
-            for (int kb = 0; kb < KB; ++kb) {
-              load_query(smem_addr(sm.query[qbuf][g]) + kb * (Shape::kQueryBlockBytes / KB),
-                         smem_addr(&sm.qfull[qbuf]), g, kb * 64);
-            }
+          if (!query_ahead) {
+            mbar_wait(smem_addr(&sm.qempty[qbuf]), ((qround / QB) & 1) ^ 1);
+            issue_query(qbuf);
           }
+          ++qround;
         }
       }
       cur_set = this_set;
+      query_ahead = false;
     }
     // A chunk without query rows (an empty query, or one shorter than the longest) has
     // nothing to score: one slot without data carries its step to the epilogue.
@@ -203,6 +247,11 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
         const uint32_t full = smem_addr(&sm.ring.full[stage]), slot = smem_addr(sm.ring.slot[stage]);
         mbar_wait(smem_addr(&sm.ring.empty[stage]), ((it / S) & 1) ^ 1);
         sm.ring.info[stage] = info;
+        if (tile_ahead) {  // slot 0 holds this step's first rows already (kAhead)
+          tile_ahead = false;
+          mbar_arrive(full);
+          continue;
+        }
         mbar_arrive_expect_tx(full, tx);
         if (!data) continue;
         if constexpr (Shape::kStream) {

@@ -552,8 +552,9 @@ THREE_CTAS_TWO_QUERIES = [
     *workload_rows((("SmallRerank", "full"), ("Rerank", "full"), ("HeavyRerankPacked", "ragged")), note=" (control)"),
 ]
 
-# The strided shape at 128 < dim <= 256 by a rule (candidate hopper_wide_rule.patch,
-# 2026-11-30): three streamed CTAs an SM at up to three steps an SM, the resident 256-column
+# The strided shape at 128 < dim <= 256 by a rule (hopper_wide_rule.patch, landed after
+# 3fa996f with the first clause changed): three streamed CTAs an SM at up to three steps an SM
+# (since landing: above two only), the resident 256-column
 # shape (one CTA, two query buffers) at more steps under 512 rows, streamed two CTAs beyond.
 # By the default rule on both trees (base: streamed two CTAs everywhere), then controls the
 # rule leaves alone (long documents, dim 512, dim 128).
@@ -573,8 +574,8 @@ WIDE_RULE = [
                     ("Rerank", "full", " (control)"), ("SmallRerank", "full", " (control)"))),
 ]
 
-# A CTA's first tile issued before its lengths are read (candidate hopper_first_tile_ahead.patch,
-# 2026-11-30): padded calls on the resident sm_90a shapes, where a step's query and first
+# A CTA's first tile issued before its lengths are read (hopper_first_tile_ahead.patch,
+# 2026-11-30, landed after 3fa996f): padded calls on the resident sm_90a shapes, where a step's query and first
 # document rows are placed by arithmetic alone. One-step CTAs (the small calls) first, then
 # calls of many steps a CTA (one step in many gains), and controls on other paths (streamed
 # shapes at dim 256, packed calls, mma.sync).

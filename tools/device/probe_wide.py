@@ -35,10 +35,10 @@ VARIANTS = {
     # three CTAs an SM at 64-row tiles where the tree has them (hopper_three_ctas.patch); a tree
     # without them runs its two-CTA shape under this knob
     "three_ctas": {"MAXSIM_CUDA_HOPPER_PADDED_CTAS": "3"},
-    "streamed": {"MAXSIM_CUDA_HOPPER_RESIDENT": "0"},  # differs from default at dim <= 128 only
+    "streamed": {"MAXSIM_CUDA_HOPPER_RESIDENT": "0"},  # the two-CTA streamed shape at any dim
     "mma_sync": {"MAXSIM_CUDA_FORCE_MMA_SYNC": "1"},
-    # 128 < dim <= 256: the resident 256-column shapes where the tree has them
-    # (hopper_wide_rule.patch; two CTAs of one query buffer, one CTA of two); else streamed
+    # 128 < dim <= 256: the resident 256-column shapes (two CTAs of one query buffer, one CTA
+    # of two; the default rule takes the latter for calls of many steps)
     "resident2": {"MAXSIM_CUDA_HOPPER_RESIDENT": "1", "MAXSIM_CUDA_HOPPER_PADDED_CTAS": "2"},
     "resident1": {"MAXSIM_CUDA_HOPPER_RESIDENT": "1", "MAXSIM_CUDA_HOPPER_PADDED_CTAS": "1"},
 }

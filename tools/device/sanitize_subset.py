@@ -212,6 +212,8 @@ if "hopper" in parts:
                           MAXSIM_CUDA_HOPPER_RUN=run, MAXSIM_CUDA_HOPPER_QUERY_BUFS="2" if "q2" in resident else "1")
         for dtype in (torch.float16, torch.bfloat16):
             every_entry_point(dtype, 128)
+        if resident == "1" and ctas in ("1", "2") and run == "4":
+            every_entry_point(torch.float16, 256)  # the 256-column resident shape of that CTA count
         if resident[0] == "1":  # more steps than CTA slots: runs of several steps, queries reused
             q, d = rand(4, 32, 128, dtype=torch.float16), rand(4, 300, 40, 128, dtype=torch.float16)
             qlen = torch.tensor([29, 0, 17, 32], device=dev)
