@@ -121,6 +121,9 @@ def padded_rows(rows):
 GRAD_DOCUMENTS = [
     *((f"{n} grad_documents", {}, lambda ms, n=n: backward_raw(ms, n, "documents"))
       for n in ("Contrastive", "LongDocs", "BigBatch", "ColPali", "BigColBERT", "DocDoc")),
+    # (a tree without the knob ignores it: there this row is the default's)
+    ("BigColBERT grad_documents, 96-row windows", {"MAXSIM_CUDA_GRAD_D_ROWS": "96"},
+     lambda ms: backward_raw(ms, "BigColBERT", "documents")),
     *((f"{n} {lay} forward + grad_documents", {}, lambda ms, n=n, lay=lay: grad_documents_public(ms, n, lay))
       for n, lay in (("Rerank", "ragged"), ("HeavyRerank", "full"), ("RerankPacked", "ragged"),
                      ("ColPaliRerankPacked", "ragged"))),
@@ -200,6 +203,9 @@ EPILOGUE = [
 GRAD_QUERIES = [
     *((f"{n} grad_queries", {}, lambda ms, n=n: backward_raw(ms, n, "queries"))
       for n in ("Contrastive", "LongDocs", "BigBatch", "ColPali", "BigColBERT", "DocDoc")),
+    # (a tree without the knob ignores it: there this row is the default's)
+    ("BigColBERT grad_documents, 96-row windows", {"MAXSIM_CUDA_GRAD_D_ROWS": "96"},
+     lambda ms: backward_raw(ms, "BigColBERT", "documents")),
 ]
 
 # A short last tile's window moved back to end at its document's last row (2026-11-28): the
