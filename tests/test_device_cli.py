@@ -68,6 +68,33 @@ def test_suite_passes_pytest_arguments_and_sets_the_ampere_build(monkeypatch):
     assert [c for c in cmd if c.startswith("tests/")] == ["tests/test_hopper.py"]   # CI runs the emulator
 
 
+def test_suite_builds_the_ampere_variant_behind_the_tests_and_runs_it_later(monkeypatch, tmp_path):
+    monkeypatch.setattr(CLI, "DRY_RUN", False)
+    monkeypatch.setattr(CLI, "setup", lambda args, **kw: 0)
+    monkeypatch.setattr(CLI, "out_dir", lambda: tmp_path)
+    seen, started = [], []
+    monkeypatch.setattr(CLI, "run", lambda cmd, **kw: seen.append((cmd, kw)) or 0)
+
+    class Build:  # the background build: started before the tests, waited for after them
+        def __init__(self, cmd, **kw):
+            started.append([str(c) for c in cmd])
+
+        def wait(self):
+            assert seen, "the build is waited for after the tests ran"
+            return 0
+    monkeypatch.setattr(CLI.subprocess, "Popen", Build)
+    assert CLI.main(["suite", "--files", "tests/test_hopper.py", "--ampere-behind", "build/ampere"]) == 0
+    (build,), ((cmd, kw),) = started, seen
+    assert build[build.index("--archs") + 1] == "8.0+PTX" and build[-1] == str(CLI.ROOT / "build/ampere/build")
+    assert "MAXSIM_TEST_AMPERE" not in kw["env"]          # the variant is not there yet
+    seen.clear()
+    assert CLI.main(["suite", "--ampere-root", "build/ampere", "--files", "tests/test_cuda.py", "--", "-k",
+                     "ampere"]) == 0
+    (cmd, kw), = seen
+    assert kw["env"]["MAXSIM_TEST_AMPERE"] == "1"
+    assert kw["env"]["MAXSIM_TEST_AMPERE_ROOT"] == str((CLI.ROOT / "build/ampere").resolve())
+
+
 def test_ab_builds_both_trees_then_times_the_groups(monkeypatch, tmp_path):
     """ab: the base's build starts before the candidate's (side by side), the tests run with
     the keyword given ('' for none), and --group runs ab_trees.py's groups instead of the

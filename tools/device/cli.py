@@ -172,11 +172,21 @@ def serialised_mma_warnings() -> None:
               ", ".join(f"{c} x{n}" for c, n in counts.items()), flush=True)
 
 
-def test_env(ampere: bool = False) -> dict:
+def test_env(ampere: bool = False, ampere_root: str | None = None) -> dict:
     env = {"MAXSIM_TEST_NO_BUILD": "1", "LOCAL_KERNELS": f"{HUB_ID}={ROOT}", "HF_HUB_OFFLINE": "1"}
     if ampere:
         env["MAXSIM_TEST_AMPERE"] = "1"
+        if ampere_root:
+            env["MAXSIM_TEST_AMPERE_ROOT"] = str((ROOT / ampere_root).resolve())
     return env
+
+
+def ampere_build_cmd(root) -> list:
+    """The sm_80+PTX variant test_cuda.py's Ampere test runs, built into ROOT/build, with all
+    but two of the machine's cores (the tests running beside it keep those)."""
+    jobs = max(1, (os.cpu_count() or 4) - 2)
+    return [sys.executable, ROOT / "tools" / "build.py", "--backend", "cuda", "--archs", "8.0+PTX",
+            "--jobs", str(jobs), "--out", ROOT / root / "build"]
 
 
 def parse_variants(specs):
@@ -226,7 +236,10 @@ def partition(counts: dict[str, int], parts: int) -> list[list[str]]:
 def cmd_suite(args) -> int:
     """Build (CUDA for --archs, and CPU), then run the test suite on the GPU and the CPU with
     MAXSIM_TEST_AMPERE=1 (test_cuda.py then also builds an sm_80+PTX variant and runs it on
-    this GPU, so the pre-Hopper code is exercised; --no-ampere skips that).
+    this GPU, so the pre-Hopper code is exercised; --no-ampere skips that). That build takes
+    minutes of device time: --ampere-behind build/ampere builds it while this call's tests run
+    (leaving the Ampere test out), and a later call's `--ampere-root build/ampere --files
+    tests/test_cuda.py -- -k ampere` only runs it (while the machine stays warm).
 
     The whole suite (~3,400 tests) does not fit one 600 s device call: run it in parts,
     --part 1/3, then 2/3, then 3/3 (files split by their collected test counts, computed the
@@ -238,8 +251,16 @@ def cmd_suite(args) -> int:
     device tests, the MSL emulator's files). Log: $OUT/tests.log (tests_part1of3.log for a part)."""
     if (rc := setup(args, cpu=True)) != 0:
         return rc
-    env = test_env(ampere=not args.no_ampere)
+    env = test_env(ampere=not args.no_ampere and not args.ampere_behind, ampere_root=args.ampere_root)
     files = test_files(args.files)
+    behind = None
+    if args.ampere_behind:  # the Ampere variant builds while this call's tests run
+        cmd = ampere_build_cmd(args.ampere_behind)
+        print("+ (behind the tests) " + " ".join(shlex.quote(str(c)) for c in cmd) + "  > $OUT/ampere_build.log",
+              flush=True)
+        if not DRY_RUN:
+            behind = subprocess.Popen([str(c) for c in cmd], stdout=open(out_dir() / "ampere_build.log", "w"),
+                                      stderr=subprocess.STDOUT, cwd=ROOT)
     if args.gpu_only:
         # CI runs the CPU backend's tests and the MSL emulator's on every commit
         env = dict(env, MAXSIM_TEST_BACKENDS="cuda")
@@ -269,6 +290,8 @@ def cmd_suite(args) -> int:
                       "--nproc-per-node", "2", example], env=test_env(),
                      log=Path(example).stem + ".log", tail=2)
             status |= note(rc, f"torchrun --nproc-per-node 2 {example}")
+    if behind is not None:
+        status |= note(behind.wait(), f"sm_80+PTX build into {args.ampere_behind}/build (for --ampere-root)")
     return status
 
 
@@ -642,6 +665,12 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--part", metavar="K/N", help="run part K of N (files split by test counts)")
     q.add_argument("--no-ampere", action="store_true",
                    help="leave MAXSIM_TEST_AMPERE unset (skips the sm_80+PTX build and run)")
+    q.add_argument("--ampere-behind", metavar="DIR",
+                   help="build the sm_80+PTX variant into DIR/build while this call's tests run "
+                   "(they then leave the Ampere test out), for a later call's --ampere-root DIR; "
+                   "use an ignored path such as build/ampere, which a warm machine keeps")
+    q.add_argument("--ampere-root", metavar="DIR",
+                   help="the Ampere test runs the variant already in DIR/build instead of building it")
     q.add_argument("--no-e4m3-check", action="store_true",
                    help="skip check_e4m3_widen.cu when test_cuda_compressed.py is selected")
     q.add_argument("--examples", action="store_true",
