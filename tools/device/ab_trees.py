@@ -115,6 +115,15 @@ def padded_rows(rows):
             for name, env, shape, qdtype, fmt in rows]
 
 
+def shape_row(B, C, Lq, Ld, D=128, dtype=torch.float16, note="", env=None):
+    """A padded_rows row of float documents named by its shape, so that the name cannot say
+    another: "B x C, Lq .., Ld ..", then the dim unless 128, the query dtype unless float16,
+    then the note."""
+    name = f"{B} x {C}, Lq {Lq}, Ld {Ld}" + (f", dim {D}" if D != 128 else "")
+    name += ("" if dtype == torch.float16 else ", " + str(dtype).removeprefix("torch.")) + note
+    return name, env or {}, (B, C, Lq, Ld, D), dtype, "plain"
+
+
 # grad_documents' sorted kernel and its rule (2026-11-26): the training workloads' raw backward
 # op (the dense ones take the sorted kernel), and forward + grad_documents on the padded and
 # packed surfaces (the scan kernel, now reading entries through DocEntries).
@@ -559,22 +568,20 @@ THREE_CTAS_TWO_QUERIES = [
 ]
 
 # The strided shape at 128 < dim <= 256 by a rule (hopper_wide_rule.patch, landed after
-# 3fa996f with the first clause changed): three streamed CTAs an SM at up to three steps an SM
-# (since landing: above two only), the resident 256-column
+# 3fa996f; hopper_wide_rule_one_wave.patch limits its first clause to more than two steps an
+# SM): three streamed CTAs an SM at up to three steps an SM, the resident 256-column
 # shape (one CTA, two query buffers) at more steps under 512 rows, streamed two CTAs beyond.
 # By the default rule on both trees (base: streamed two CTAs everywhere), then controls the
 # rule leaves alone (long documents, dim 512, dim 128).
 WIDE_RULE = [
+    *padded_rows([shape_row(32, c, 32, 180, 256, note=f" ({32 * c} steps)") for c in (1, 5, 10, 12, 20, 50)]),
     *padded_rows([
-        (f"32 x {c}, Lq 32, Ld 180, dim 256 ({32 * c} steps)", {}, (32, c, 32, 180, 256), torch.float16, "plain")
-        for c in (1, 5, 10, 12, 20, 50)]),
-    *padded_rows([
-        ("32 x 50, Lq 32, Ld 300, dim 256", {}, (32, 50, 32, 300, 256), torch.float16, "plain"),
-        ("32 x 50, Lq 32, Ld 180, dim 192, bfloat16", {}, (32, 50, 32, 180, 192), torch.bfloat16, "plain"),
-        ("16 x 50, Lq 64, Ld 180, dim 256", {}, (16, 50, 64, 180, 256), torch.float16, "plain"),
-        ("32 x 10, Lq 32, Ld 180, dim 136", {}, (32, 10, 32, 180, 136), torch.float16, "plain"),
-        ("32 x 50, Lq 32, Ld 1024, dim 256 (control)", {}, (32, 50, 32, 1024, 256), torch.float16, "plain"),
-        ("32 x 50, Lq 32, Ld 180, dim 512 (control)", {}, (32, 50, 32, 180, 512), torch.float16, "plain"),
+        shape_row(32, 50, 32, 300, 256),
+        shape_row(32, 50, 32, 180, 192, torch.bfloat16),
+        shape_row(16, 50, 64, 180, 256),
+        shape_row(32, 10, 32, 180, 136),
+        shape_row(32, 50, 32, 1024, 256, note=" (control)"),
+        shape_row(32, 50, 32, 180, 512, note=" (control)"),
     ]),
     *workload_rows((("RerankD256", "full"), ("RerankD256", "ragged"), ("RerankD512", "full", " (control)"),
                     ("Rerank", "full", " (control)"), ("SmallRerank", "full", " (control)"))),
@@ -586,15 +593,13 @@ WIDE_RULE = [
 # calls of many steps a CTA (one step in many gains), and controls on other paths (streamed
 # shapes at dim 256, packed calls, mma.sync).
 FIRST_TILE_AHEAD = [
+    *padded_rows([shape_row(32, c, 32, 180, note=f" ({32 * c} steps)") for c in (1, 2, 5, 10, 16, 20)]),
     *padded_rows([
-        (f"32 x {c}, Lq 32, Ld 180 ({32 * c} steps)", {}, (32, c, 32, 180, 128), torch.float16, "plain")
-        for c in (1, 2, 5, 10, 16, 20)]),
-    *padded_rows([
-        ("32 x 10, Lq 32, Ld 64", {}, (32, 10, 32, 64, 128), torch.float16, "plain"),
-        ("32 x 10, Lq 32, Ld 32", {}, (32, 10, 32, 32, 128), torch.float16, "plain"),
-        ("32 x 4, Lq 64, Ld 180, bfloat16", {}, (32, 4, 64, 180, 128), torch.bfloat16, "plain"),
-        ("32 x 10, Lq 32, Ld 180, dim 64", {}, (32, 10, 32, 180, 64), torch.float16, "plain"),
-        ("32 x 10, Lq 32, Ld 180, dim 256 (control: streamed)", {}, (32, 10, 32, 180, 256), torch.float16, "plain"),
+        shape_row(32, 10, 32, 64),
+        shape_row(32, 10, 32, 32),
+        shape_row(32, 4, 64, 180, dtype=torch.bfloat16),
+        shape_row(32, 10, 32, 180, 64),
+        shape_row(32, 10, 32, 180, 256, note=" (control: streamed)"),
     ]),
     *workload_rows((("SmallRerank", "full"), ("SmallRerank", "ragged"), ("LongDocStress", "full"),
                     ("Rerank", "full"), ("HeavyRerank", "full"), ("SmallRerankPacked", "ragged", " (control: packed)"),

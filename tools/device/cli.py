@@ -259,8 +259,8 @@ def cmd_suite(args) -> int:
         print("+ (behind the tests) " + " ".join(shlex.quote(str(c)) for c in cmd) + "  > $OUT/ampere_build.log",
               flush=True)
         if not DRY_RUN:
-            behind = subprocess.Popen([str(c) for c in cmd], stdout=open(out_dir() / "ampere_build.log", "w"),
-                                      stderr=subprocess.STDOUT, cwd=ROOT)
+            with open(out_dir() / "ampere_build.log", "w") as sink:  # the child keeps its own handle
+                behind = subprocess.Popen([str(c) for c in cmd], stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT)
     if args.gpu_only:
         # CI runs the CPU backend's tests and the MSL emulator's on every commit
         env = dict(env, MAXSIM_TEST_BACKENDS="cuda")
