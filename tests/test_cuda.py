@@ -175,11 +175,12 @@ def grad_documents_case(surface, gen, dtype, dim):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("surface", SURFACES)
 def test_grad_documents_kernels_agree(ms, monkeypatch, surface, dtype, dim, skew):
-    """grad_documents by the scan and the sorted kernel (MAXSIM_CUDA_GRAD_D forces one): the
-    same bits (both add a row's contributions in entry order), and the float64 reference.
-    Skewed: every fifth document row scaled by 4 takes most argmaxes, so the sorted kernel
-    meets rows of many hits (groups inside one row) beside rows of one or none (groups that
-    cross rows)."""
+    """grad_documents by the scan and the sorted kernel (MAXSIM_CUDA_GRAD_D forces one), the
+    latter also over 184-row windows (MAXSIM_CUDA_GRAD_D_ROWS; the 192-row kernel, float
+    accumulators): the same bits (all add a row's contributions in entry order), and the
+    float64 reference. Skewed: every fifth document row scaled by 4 takes most argmaxes, so
+    the sorted kernel meets rows of many hits (groups inside one row) beside rows of one or
+    none (groups that cross rows)."""
     gen = torch.Generator().manual_seed(dim * 31 + len(surface) + 7 * skew)
     case = grad_documents_case(surface, gen, dtype, dim)
     if skew:
@@ -189,13 +190,37 @@ def test_grad_documents_kernels_agree(ms, monkeypatch, surface, dtype, dim, skew
         case = case.with_qd(case.queries, d)
     g = unit(gen, *case.score_shape).to(CUDA)
     grads = {}
+    for kernel, rows in (("scan", "0"), ("sorted", "0"), ("sorted", "184")):
+        monkeypatch.setenv("MAXSIM_CUDA_GRAD_D", kernel)
+        monkeypatch.setenv("MAXSIM_CUDA_GRAD_D_ROWS", rows)
+        _, _, grads[kernel, rows] = run_train(ms, case, g, need_q=False)
+    assert torch.equal(grads["scan", "0"], grads["sorted", "0"])
+    assert torch.equal(grads["scan", "0"], grads["sorted", "184"])
+    _, ed, _, bd = expected_grads(case, g, case.call(ms, "_with_argmax")[1])
+    assert_grads(grads["sorted", "0"], ed, bd, dtype)
+    assert grads["sorted", "0"].abs().sum() > 0
+
+
+@pytest.mark.parametrize("surface", ["contrastive", "contrastive_padded"])
+def test_grad_documents_one_window_per_passage(ms, monkeypatch, surface):
+    """In-batch training over 180-row passages (BigColBERT's shape, scaled down): two
+    documents an SM make the cost model take one 184-row window a document (the 192-row
+    kernel, two CTAs an SM on sm_90) over the two 96-row windows of the 128-row kernel. Whichever
+    runs, the scan kernel's bits and the float64 reference."""
+    monkeypatch.delenv("MAXSIM_CUDA_GRAD_D_ROWS", raising=False)
+    gen = torch.Generator().manual_seed(184)
+    n_docs = 2 * torch.cuda.get_device_properties(0).multi_processor_count
+    case = make_contrastive(gen, 48, 32, [180] * n_docs, 128, dtype=torch.bfloat16, device=CUDA)
+    if surface == "contrastive_padded":
+        case = as_padded_documents(case)
+    g = unit(gen, *case.score_shape).to(CUDA)
+    grads = {}
     for kernel in ("scan", "sorted"):
         monkeypatch.setenv("MAXSIM_CUDA_GRAD_D", kernel)
         _, _, grads[kernel] = run_train(ms, case, g, need_q=False)
     assert torch.equal(grads["scan"], grads["sorted"])
     _, ed, _, bd = expected_grads(case, g, case.call(ms, "_with_argmax")[1])
-    assert_grads(grads["sorted"], ed, bd, dtype)
-    assert grads["sorted"].abs().sum() > 0
+    assert_grads(grads["sorted"], ed, bd, torch.bfloat16)
 
 
 @pytest.mark.parametrize("surface", SURFACES)

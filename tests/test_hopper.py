@@ -446,11 +446,11 @@ def test_default_rule_takes_sm90a_kernel_for_many_steps(ms, monkeypatch, rng, su
 
 @pytest.mark.parametrize("surface", ["padded", "packed"])
 def test_wide_default_rule_matches_streamed_shape(ms, monkeypatch, rng, surface):
-    """128 < dim <= 256 by the default rule (hopper_wide_shape): three streamed CTAs an SM at
-    up to three steps an SM, the resident 256-column shape at more steps of documents under
-    512 rows, the two-CTA streamed shape for longer ones. Each takes the streamed shape's MMAs
-    in the same order, so its scores and argmax must equal that shape's bit for bit, on both
-    sides of every threshold, and the reference."""
+    """128 < dim <= 256 by the default rule (hopper_wide_shape): the two-CTA streamed shape up
+    to two steps an SM, three streamed CTAs an SM up to three, the resident 256-column shape at
+    more steps of documents under 512 rows, the two-CTA streamed shape for longer ones. Each
+    takes the streamed shape's MMAs in the same order, so its scores and argmax must equal that
+    shape's bit for bit, on both sides of every threshold, and the reference."""
     for knob in ("MAXSIM_CUDA_HOPPER_RESIDENT", "MAXSIM_CUDA_HOPPER_PADDED_CTAS", "MAXSIM_CUDA_HOPPER_QUERY_BUFS"):
         monkeypatch.delenv(knob, raising=False)
     sms = torch.cuda.get_device_properties(0).multi_processor_count

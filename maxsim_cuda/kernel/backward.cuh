@@ -95,6 +95,53 @@ inline bool grad_documents_sorted(int64_t entries_per_doc, int64_t rows_per_doc)
   return entries_per_doc >= 8 * rows_per_doc;
 }
 
+// MAXSIM_CUDA_GRAD_D_ROWS=R (read per call; tests and comparisons): the sorted kernel's
+// window, a multiple of its 8 warps from 16 up to 192 (64 for double; the 192-row kernel
+// where R > 128 and it fits the device), in place of the cost model's. 0: the model.
+inline int grad_documents_forced_rows(int max_rows) {
+  const char* e = std::getenv("MAXSIM_CUDA_GRAD_D_ROWS");
+  if (e == nullptr) return 0;
+  const int r = std::atoi(e);
+  return r >= 16 && r <= max_rows && r % kSortWarps == 0 ? r : 0;
+}
+
+// The sorted kernel's window R by a cost model, over the R a kernel variant (WIDE or not)
+// offers: every CTA reads and sorts all of its document's entries and applies its rows' hits
+// (a full document's hits ~4 times its entries' cost), in waves of the CTAs the SMs hold.
+// H200: DocDoc 0.85 ms with R = 120 (9 windows of 1,024 rows, 576 CTAs: three waves) against
+// 0.60 with R = 128 (512 CTAs: two), BigBatch 0.025 with R = 24 (two waves) against 0.0185
+// with 32 (one). Keeps the cheaper of (best, the variant's best); ties keep best. The model
+// counts waves, not the warps an SM keeps gathering, so a variant that holds fewer CTAs an SM
+// than `per_sm` says (the narrow kernel's count, passed to the wide one) is not considered
+// unless R is forced; `per_sm` returns this variant's count.
+template <int SURF, class T, class Acc, bool WIDE>
+cudaError_t plan_sorted_windows(int64_t rows, int64_t nd, int64_t sms, int forced, int64_t& best, int& best_r,
+                                int64_t& windows, bool& wide, int& per_sm) {
+  using Smem = SortedSmem<SURF, T, Acc, WIDE>;
+  if (WIDE && sizeof(Smem) > max_smem_optin()) return cudaSuccess;  // sm_86 / sm_89: narrow only
+  constexpr auto kern = grad_documents_sorted_kernel<SURF, T, Acc, WIDE>;
+  const int fewest = per_sm;
+  // CTAs an SM the device holds, as the occupancy API reports them (by shared memory: 86.5 KB
+  // a narrow CTA, 113.4 KB a wide one; two of either on sm_90's 228 KB)
+  cudaError_t err = resident_ctas<kern>(kSortThreads, sizeof(Smem), 8, per_sm);
+  if (err != cudaSuccess) return err;
+  if (forced == 0 && per_sm < fewest) return cudaSuccess;
+  const int64_t slots = int64_t(per_sm) * sms;
+  for (int r = Smem::kRows; r >= 16; r -= kSortWarps) {
+    if (forced > 0 && r != forced) continue;
+    const int64_t n = (rows + r - 1) / r;
+    const int64_t waves = (nd * n + slots - 1) / slots;
+    const int64_t cost = waves * (rows + 4 * int64_t(r));
+    if (best < 0 || cost < best) {
+      best = cost;
+      best_r = r;
+      windows = n;
+      wide = WIDE;
+    }
+  }
+  return cudaSuccess;
+}
+
 template <class T, class Acc, int SURF>
 cudaError_t run_grad_documents(const BackwardParams& p, BwdArgs<T, Acc>& a) {
   if (p.grad_documents == nullptr || a.nd <= 0) return cudaSuccess;
@@ -108,27 +155,28 @@ cudaError_t run_grad_documents(const BackwardParams& p, BwdArgs<T, Acc>& a) {
   const bool sorted = grad_documents_sorted(entries, rows) && a.q_rows <= int64_t(UINT32_MAX) &&
                       a.dim * int64_t(sizeof(T)) <= int64_t(UINT32_MAX);
   int64_t windows = 1;
+  bool wide = false;
   if (sorted) {
-    constexpr auto kern = grad_documents_sorted_kernel<SURF, T, Acc>;
-    int per_sm = 1;  // CTAs an SM holds (two on sm_80 / sm_90, one on sm_86 / sm_89's 99 KB)
-    cudaError_t err = resident_ctas<kern>(kSortThreads, sizeof(SortedSmem<SURF, T, Acc>), 8, per_sm);
-    if (err != cudaSuccess) return err;
-    // R (a multiple of the 8 warps) by a cost model: every CTA reads all of its document's
-    // entries and applies its rows' hits (a full document's hits ~4 times its entries' cost),
-    // in waves of the CTAs the SMs hold. H200: DocDoc 0.85 ms with R = 120 (9 windows of 1,024
-    // rows, 576 CTAs: three waves) against 0.60 with R = 128 (512 CTAs: two), BigBatch 0.025
-    // with R = 24 (two waves) against 0.0185 with 32 (one).
-    const int64_t slots = int64_t(per_sm) * sms;
+    constexpr bool kWideKernel = sizeof(Acc) == 4;
+    const int forced = grad_documents_forced_rows(kWideKernel ? sorted_rows<Acc, true>() : sorted_rows<Acc>());
     int64_t best = -1;
-    for (int r = sorted_rows<Acc>(); r >= 16; r -= kSortWarps) {
-      const int64_t n = (rows + r - 1) / r;
-      const int64_t waves = (a.nd * n + slots - 1) / slots;
-      const int64_t cost = waves * (rows + 4 * int64_t(r));
-      if (best < 0 || cost < best) {
-        best = cost;
-        a.rows_per_cta = r;
-        windows = n;
+    int per_sm = 0;
+    cudaError_t err = cudaSuccess;
+    if (forced == 0 || forced <= sorted_rows<Acc>()) {
+      err = plan_sorted_windows<SURF, T, Acc, false>(rows, a.nd, sms, forced, best, a.rows_per_cta, windows, wide,
+                                                     per_sm);
+    }
+    if constexpr (kWideKernel) {
+      if (err == cudaSuccess && (forced == 0 || forced > sorted_rows<Acc>())) {
+        err = plan_sorted_windows<SURF, T, Acc, true>(rows, a.nd, sms, forced, best, a.rows_per_cta, windows, wide,
+                                                      per_sm);
       }
+    }
+    if (err != cudaSuccess) return err;
+    if (best < 0) {  // a forced wide R where the wide kernel does not fit: the narrow model
+      per_sm = 0;
+      err = plan_sorted_windows<SURF, T, Acc, false>(rows, a.nd, sms, 0, best, a.rows_per_cta, windows, wide, per_sm);
+      if (err != cudaSuccess) return err;
     }
   } else {
     // The largest R (least rescanning) that still gives about four CTAs per SM; small
@@ -147,7 +195,12 @@ cudaError_t run_grad_documents(const BackwardParams& p, BwdArgs<T, Acc>& a) {
   const dim3 grid(static_cast<unsigned>(a.nd), static_cast<unsigned>(windows));
   // (resident_ctas opts a kernel into its shared memory past 48 KB: the cost model above did
   // for the sorted kernel)
-  if (sorted) {
+  if (sorted && wide) {
+    if constexpr (sizeof(Acc) == 4) {
+      grad_documents_sorted_kernel<SURF, T, Acc, true>
+          <<<grid, kSortThreads, sizeof(SortedSmem<SURF, T, Acc, true>), p.stream>>>(a);
+    }
+  } else if (sorted) {
     grad_documents_sorted_kernel<SURF, T, Acc><<<grid, kSortThreads, sizeof(SortedSmem<SURF, T, Acc>), p.stream>>>(a);
   } else {
     constexpr auto kern = grad_documents_scan_kernel<SURF, T, Acc>;

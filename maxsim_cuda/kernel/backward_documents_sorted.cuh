@@ -22,33 +22,40 @@ namespace kernel {
 constexpr int kSortThreads = 256;
 constexpr int kSortWarps = kSortThreads / 32;
 
-// Document rows owned by one CTA pass at most (the host picks R <= sorted_rows<Acc>() per
-// launch). Each CTA reads all of its document's entries, so R trades that reading (small R,
-// many CTAs) against the rows one CTA applies (large R). 64 for float64, whose accumulator
-// then takes the 64 KB that float32's 128 rows take (sm_86 / sm_89 give a CTA 99 KB).
-template <class Acc>
+// Document rows owned by one CTA pass at most (the host picks R <= sorted_rows<Acc, WIDE>()
+// per launch). Each CTA reads and sorts all of its document's entries, so R trades that work
+// (small R, many CTAs) against the rows one CTA applies (large R). 64 for float64, whose
+// accumulator then takes the 64 KB that float32's 128 rows take (sm_86 / sm_89 give a CTA
+// 99 KB). WIDE (float accumulators only): 192 rows, so that a document of up to 192 rows
+// (ColBERT's 180-token passages) is one window and each entry is read and sorted once
+// instead of once per window; 113 KB a CTA, two an SM on sm_90 (one on sm_80; none on
+// sm_86 / sm_89, where the host keeps the narrow kernel).
+template <class Acc, bool WIDE = false>
 constexpr int sorted_rows() {
-  return sizeof(Acc) == 8 ? 64 : 128;
+  return WIDE ? 192 : (sizeof(Acc) == 8 ? 64 : 128);
 }
 
 // Entries a lane evaluates per batch (they stay in registers between counting and
 // placing), and gathers a warp issues before their adds: fewer for 8-byte accumulators,
 // the packed surface's longer entry reads and wide elements, so that the same 128 registers
-// hold them (8 packed entries spilled 4-12 bytes).
-template <int SURF, class Acc>
+// hold them (8 packed entries spilled 4-12 bytes); and for WIDE, whose batch of 1,024 hits
+// (8 KB) is what leaves room for two 192-row accumulators an SM.
+template <int SURF, class Acc, bool WIDE = false>
 constexpr int sorted_per_lane() {
-  return sizeof(Acc) == 8 || SURF == 2 ? 4 : 8;
+  return WIDE || sizeof(Acc) == 8 || SURF == 2 ? 4 : 8;
 }
-// Two CTAs an SM (93 KB of shared memory each; one on sm_86 / sm_89), one for float64.
+// Two CTAs an SM where they fit (86.5 KB of shared memory each, WIDE 113.4 KB), one for
+// float64.
 template <class Acc>
 constexpr int sorted_min_ctas() {
   return sizeof(Acc) == 8 ? 1 : 2;
 }
 // Gathers a warp keeps in flight: 256 bytes a warp each for 16-bit rows (half that for the
-// packed surface, whose sort holds more registers: 16 spilled 8-36 bytes there).
-template <int SURF, class T>
+// packed surface, whose sort holds more registers: 16 spilled 8-36 bytes there; 12 for WIDE,
+// where 16 spilled 4 bytes in the bfloat16 contrastive kernels at sm_90a).
+template <int SURF, class T, bool WIDE = false>
 constexpr int sorted_in_flight() {
-  return sizeof(T) <= 2 ? (SURF == 2 ? 8 : 16) : (sizeof(T) == 4 ? 8 : 4);
+  return sizeof(T) <= 2 ? (SURF == 2 ? 8 : (WIDE ? 12 : 16)) : (sizeof(T) == 4 ? 8 : 4);
 }
 
 // A sorted hit: its weight g_p and the query row it gathers, read with one shared load. The
@@ -60,10 +67,11 @@ struct SortedHit {
   uint32_t qrow;
 };
 
-template <int SURF, class T, class Acc>
+template <int SURF, class T, class Acc, bool WIDE = false>
 struct SortedSmem {
-  static constexpr int kBatch = kSortThreads * sorted_per_lane<SURF, Acc>();
-  static constexpr int kRows = sorted_rows<Acc>();
+  static_assert(!WIDE || sizeof(Acc) == 4, "192-row windows: float accumulators");
+  static constexpr int kBatch = kSortThreads * sorted_per_lane<SURF, Acc, WIDE>();
+  static constexpr int kRows = sorted_rows<Acc, WIDE>();
   Acc acc[kRows][kDChunk];  // the window's gradient rows, one 128-column chunk
   SortedHit<Acc> hit[kBatch];     // the batch's hits, sorted by window row
   int cursor[kSortWarps][kRows];  // hits per (warp, row), then where the warp places the next
@@ -73,12 +81,12 @@ struct SortedSmem {
 // Sorts one batch of entries [base, base + kBatch) by window row into sm.hit_*, stably;
 // sm.row_start then bounds each row's hits. Warp w evaluates the contiguous range
 // [base + w * span, base + (w + 1) * span), lane l its entries base + w * span + 32 u + l.
-template <int SURF, class T, class Acc>
-__device__ __forceinline__ void sort_batch_hits(SortedSmem<SURF, T, Acc>& sm, const DocEntries<SURF, T, Acc>& de,
+template <int SURF, class T, class Acc, bool WIDE>
+__device__ __forceinline__ void sort_batch_hits(SortedSmem<SURF, T, Acc, WIDE>& sm, const DocEntries<SURF, T, Acc>& de,
                                                 int64_t base, int64_t j0, int R, int t) {
-  constexpr int kPer = sorted_per_lane<SURF, Acc>();
+  constexpr int kPer = sorted_per_lane<SURF, Acc, WIDE>();
   const int lane = t % 32, warp = t / 32;
-  constexpr int kRows = SortedSmem<SURF, T, Acc>::kRows, kRowsPerLane = kRows / 32;
+  constexpr int kRows = SortedSmem<SURF, T, Acc, WIDE>::kRows, kRowsPerLane = kRows / 32;
   for (int c = t; c < kSortWarps * kRows; c += kSortThreads) (&sm.cursor[0][0])[c] = 0;
 
   // Every entry's reads before any count, so that they are in flight together (with a count
@@ -180,10 +188,10 @@ __device__ __forceinline__ int rows_per_warp(int R) { return (R + kSortWarps - 1
 // kInFlight hits issue their gathers without range checks; a group inside the current row
 // (most of them: in-batch training gives a row tens of hits a batch) adds without the row
 // walk. The adds are the same, in the same order, either way.
-template <bool VEC, int SURF, class T, class Acc>
-__device__ __forceinline__ void apply_sorted_hits(SortedSmem<SURF, T, Acc>& sm, int R, int warp, int lane, const T* q,
+template <bool VEC, int SURF, class T, class Acc, bool WIDE>
+__device__ __forceinline__ void apply_sorted_hits(SortedSmem<SURF, T, Acc, WIDE>& sm, int R, int warp, int lane, const T* q,
                                                   int64_t col, int64_t dim, bool fresh) {
-  constexpr int kInFlight = sorted_in_flight<SURF, T>();
+  constexpr int kInFlight = sorted_in_flight<SURF, T, WIDE>();
   const int r0 = warp * rows_per_warp(R), r1 = r0 + rows_per_warp(R) < R ? r0 + rows_per_warp(R) : R;
   if (r0 >= r1) return;
   // The row boundaries are broadcast reads, alike in every lane: uniform() says so to
@@ -251,12 +259,12 @@ __device__ __forceinline__ void apply_sorted_hits(SortedSmem<SURF, T, Acc>& sm, 
   slot(row) = cur;
 }
 
-template <int SURF, class T, class Acc>
+template <int SURF, class T, class Acc, bool WIDE = false>
 __global__ void __launch_bounds__(kSortThreads, sorted_min_ctas<Acc>())
     grad_documents_sorted_kernel(const BwdArgs<T, Acc> a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  auto& sm = *reinterpret_cast<SortedSmem<SURF, T, Acc>*>(smem_raw);
-  constexpr int kBatch = SortedSmem<SURF, T, Acc>::kBatch;
+  auto& sm = *reinterpret_cast<SortedSmem<SURF, T, Acc, WIDE>*>(smem_raw);
+  constexpr int kBatch = SortedSmem<SURF, T, Acc, WIDE>::kBatch;
   const int t = threadIdx.x, lane = t % 32, warp = t / 32;
   const int R = a.rows_per_cta;
   for_each_window<SURF>(a, [&](const DocEntries<SURF, T, Acc>& de, int64_t j0, int64_t col, bool vec) {

@@ -156,11 +156,14 @@ cudaError_t run_strided_hopper(const ForwardParams& p, const Grid& pol, bool& ra
   // rerank's L2 sectors). One CTA of three 32 KB slots and two query buffers (160 KB), a
   // query loaded once a run of a padded query's candidates; or, at two CTAs an SM by the knobs
   // alone, two slots and one buffer (96 KB a CTA). hopper_wide_shape picks where no knob does;
-  // MAXSIM_CUDA_HOPPER_RESIDENT=1 forces resident (PADDED_CTAS=2: two CTAs), =0 streamed.
-  const WideShape wide = r != nullptr && (r[0] == '0' || r[0] == '1') ? (r[0] == '1' ? WideShape::kResidentRuns
-                                                                                    : WideShape::kStreamed)
-                         : e != nullptr && e[0] >= '1' && e[0] <= '3' ? WideShape::kStreamed
-                                                                      : hopper_wide_shape(p);
+  // MAXSIM_CUDA_HOPPER_RESIDENT=1 forces resident (PADDED_CTAS=2: two CTAs), =0 streamed, and a
+  // CTA count alone streams.
+  WideShape wide = hopper_wide_shape(p);
+  if (r != nullptr && r[0] == '1') {
+    wide = WideShape::kResidentRuns;
+  } else if (streamed || (e != nullptr && e[0] >= '1' && e[0] <= '3')) {
+    wide = WideShape::kStreamed;
+  }
   if (wide == WideShape::kResidentRuns && p.dim <= 256) {
     return e != nullptr && e[0] == '2' ? run_forward_hopper<T, HopperShape<256, 2, 1, false, 2, 1, 64>>(p, pol, ep, ran)
                                        : run_forward_hopper<T, HopperShape<256, 3, 1, false, 1, 2, 64>>(p, pol, ep, ran);
@@ -259,21 +262,6 @@ struct MmaKContrastive { using type = MmaKMainloop<T, 128, 128, 4, 2, 64, 4, 1>;
 template <class T>
 struct MmaKSmall { using type = MmaKMainloop<T, 128, 64, 4, 2, 64, 3, 1>; };
 
-// Largest dynamic shared memory a block may opt into on the current device (cached).
-inline size_t max_smem_optin() {
-  static int cache[64] = {0};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 48 * 1024;
-  int& c = cache[dev & 63];
-  if (c == 0) {
-    int v = 0;
-    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess || v <= 0) {
-      v = 48 * 1024;
-    }
-    c = v;
-  }
-  return static_cast<size_t>(c);
-}
 template <class ML>
 bool smem_fits() {
   return FwdSmem<ML, PaddedPolicy>::bytes() <= max_smem_optin();

@@ -254,17 +254,17 @@ constexpr int64_t kHopperThreeCtasMinDocRows = 32;
 // resident one CTA with two query buffers (`benchmarks/results/
 // h200_probe_wide_resident256_0b45d27.json`): C 10 at Ld 180 (320 steps) 10.88 / 8.44 / 10.64;
 // C 50 at Ld 180 44.12 / 42.62 / 41.20, at Ld 300 67.68 / 68.55 / 65.43, at Ld 1,024 202.62 /
-// 215.93 / 213.33. Few steps (a wave of three CTAs an SM) take three; many steps of documents
-// under kHopperWideResidentMaxRows read each query once a run; long documents stream.
+// 215.93 / 213.33. Steps that two CTAs an SM cannot take in one wave but three can take three;
+// many steps of documents under kHopperWideResidentMaxRows read each query once a run; long
+// documents stream. Calls that fit one wave at two CTAs stay there: three CTAs' smaller rings
+// made C 1 and C 5 at Ld 180 (32 and 160 steps) 1.13x and 1.17x slower (2026-11-30, ab on
+// 3fa996f, `benchmarks/results/h200_ab_wide_rule_first_tile_ahead_3fa996f.json`).
 enum class WideShape { kStreamed, kStreamedThreeCtas, kResidentRuns };
 constexpr int64_t kHopperWideResidentMaxRows = 512;
 inline WideShape hopper_wide_shape(const ForwardParams& p) {
   const int64_t steps = hopper_strided_steps(p), sms = p.num_sms > 0 ? p.num_sms : 1;
-  if (p.dim <= 128 || p.dim > 256) return WideShape::kStreamed;
-  if (steps <= 3 * sms) {
-    return steps > 2 * sms || average_doc_rows(p) < kHopperMinDocRows ? WideShape::kStreamedThreeCtas
-                                                                      : WideShape::kStreamed;
-  }
+  if (p.dim <= 128 || p.dim > 256 || steps <= 2 * sms) return WideShape::kStreamed;
+  if (steps <= 3 * sms) return WideShape::kStreamedThreeCtas;
   return average_doc_rows(p) < kHopperWideResidentMaxRows ? WideShape::kResidentRuns : WideShape::kStreamed;
 }
 

@@ -73,6 +73,22 @@ inline int shared_sm_ctas(int64_t steps, int num_sms, int resident) {
   return 3 * alone < 5 * shared ? 1 : resident;
 }
 
+// Largest dynamic shared memory a block may opt into on the current device (cached).
+inline size_t max_smem_optin() {
+  static int cache[64] = {0};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 48 * 1024;
+  int& c = cache[dev & 63];
+  if (c == 0) {
+    int v = 0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess || v <= 0) {
+      v = 48 * 1024;
+    }
+    c = v;
+  }
+  return static_cast<size_t>(c);
+}
+
 // Host side: resident CTAs per SM of one kernel on the current device (what the device
 // reports, at least 1 and at most `cap`: a grid planned for two per SM that gets one would run
 // in two waves), cached per device and per kernel. Dynamic shared memory past 48 KB is allowed

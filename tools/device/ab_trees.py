@@ -568,8 +568,8 @@ THREE_CTAS_TWO_QUERIES = [
 ]
 
 # The strided shape at 128 < dim <= 256 by a rule (hopper_wide_rule.patch, landed after
-# 3fa996f; hopper_wide_rule_one_wave.patch limits its first clause to more than two steps an
-# SM): three streamed CTAs an SM at up to three steps an SM, the resident 256-column
+# 3fa996f; hopper_wide_rule_one_wave.patch, landed after 132cfd6, limits its first clause to
+# more than two steps an SM): three streamed CTAs an SM at 2-3 steps an SM, the resident 256-column
 # shape (one CTA, two query buffers) at more steps under 512 rows, streamed two CTAs beyond.
 # By the default rule on both trees (base: streamed two CTAs everywhere), then controls the
 # rule leaves alone (long documents, dim 512, dim 128).

@@ -271,12 +271,15 @@ if "bytes" in parts:
 if "grad_documents" in parts:
     for knob in ("MAXSIM_CUDA_HOPPER_PADDED", "MAXSIM_CUDA_HOPPER_PACKED", "MAXSIM_CUDA_HOPPER_PADDED_CTAS"):
         os.environ.pop(knob, None)  # the forward as by default
-    for kernel in ("sorted", "scan"):
+    # (sorted at 184 rows: the 192-row variant, one window for most documents)
+    for kernel, rows in (("sorted", "0"), ("sorted", "184"), ("scan", "0")):
         os.environ["MAXSIM_CUDA_GRAD_D"] = kernel
+        os.environ["MAXSIM_CUDA_GRAD_D_ROWS"] = rows
         for dtype in (torch.float16, torch.float32, torch.float64):
             for dim in (3, 128, 300):
                 every_entry_point(dtype, dim)
                 many_entries_a_row(dtype, dim)
     os.environ.pop("MAXSIM_CUDA_GRAD_D")
+    os.environ.pop("MAXSIM_CUDA_GRAD_D_ROWS")
 torch.cuda.synchronize()
 print("sanitize subset done")
