@@ -17,8 +17,8 @@ import torch
 from conftest import (
     BACKENDS, REF, REPO_ROOT, Contrastive, ContrastivePadded, Padded, SURFACES,
     as_padded_documents, assert_argmax, assert_grads, assert_scores, document_views, expected_grads, ids, lattice,
-    load_kernel, make_case, make_contrastive, make_packed, make_padded, rounded_as_the_kernels_see_it,
-    run_train, unit,
+    kernel_names, load_kernel, make_case, make_contrastive, make_packed, make_padded,
+    rounded_as_the_kernels_see_it, run_train, unit,
 )
 
 pytestmark = pytest.mark.skipif("cuda" not in BACKENDS, reason="no CUDA backend built")
@@ -177,10 +177,12 @@ def grad_documents_case(surface, gen, dtype, dim):
 def test_grad_documents_kernels_agree(ms, monkeypatch, surface, dtype, dim, skew):
     """grad_documents by the scan and the sorted kernel (MAXSIM_CUDA_GRAD_D forces one), the
     latter also over 184-row windows (MAXSIM_CUDA_GRAD_D_ROWS; the 192-row kernel, float
-    accumulators): the same bits (all add a row's contributions in entry order), and the
-    float64 reference. Skewed: every fifth document row scaled by 4 takes most argmaxes, so
-    the sorted kernel meets rows of many hits (groups inside one row) beside rows of one or
-    none (groups that cross rows)."""
+    accumulators) and with its hits binned by window first (MAXSIM_CUDA_GRAD_D_BINNED;
+    contrastive surfaces, float accumulators: at 16 rows the 150-row document's windows take
+    three laps of the grid's slots, at 128 one window takes two batches): the same bits (all
+    add a row's contributions in entry order), and the float64 reference. Skewed: every fifth
+    document row scaled by 4 takes most argmaxes, so the sorted kernel meets rows of many hits
+    (groups inside one row) beside rows of one or none (groups that cross rows)."""
     gen = torch.Generator().manual_seed(dim * 31 + len(surface) + 7 * skew)
     case = grad_documents_case(surface, gen, dtype, dim)
     if skew:
@@ -190,15 +192,34 @@ def test_grad_documents_kernels_agree(ms, monkeypatch, surface, dtype, dim, skew
         case = case.with_qd(case.queries, d)
     g = unit(gen, *case.score_shape).to(CUDA)
     grads = {}
-    for kernel, rows in (("scan", "0"), ("sorted", "0"), ("sorted", "184")):
+    runs = (("scan", "0", "0"), ("sorted", "0", "0"), ("sorted", "184", "0"), ("sorted", "16", "1"),
+            ("sorted", "128", "1"))
+    for kernel, rows, binned in runs:
         monkeypatch.setenv("MAXSIM_CUDA_GRAD_D", kernel)
         monkeypatch.setenv("MAXSIM_CUDA_GRAD_D_ROWS", rows)
+        monkeypatch.setenv("MAXSIM_CUDA_GRAD_D_BINNED", binned)
         _, _, grads[kernel, rows] = run_train(ms, case, g, need_q=False)
-    assert torch.equal(grads["scan", "0"], grads["sorted", "0"])
-    assert torch.equal(grads["scan", "0"], grads["sorted", "184"])
+    for _, rows, _ in runs[1:]:
+        assert torch.equal(grads["scan", "0"], grads["sorted", rows]), rows
     _, ed, _, bd = expected_grads(case, g, case.call(ms, "_with_argmax")[1])
     assert_grads(grads["sorted", "0"], ed, bd, dtype)
     assert grads["sorted", "0"].abs().sum() > 0
+
+
+def scan_and_sorted_agree(ms, monkeypatch, case, gen, launches=None):
+    """grad_documents of a bfloat16 contrastive case by the scan kernel and by the sorted one
+    as the host configures it by default: the same bits, and the float64 reference; the
+    sorted run launches a kernel named `launches` where given."""
+    g = unit(gen, *case.score_shape).to(CUDA)
+    grads = {}
+    for kernel in ("scan", "sorted"):
+        monkeypatch.setenv("MAXSIM_CUDA_GRAD_D", kernel)
+        (_, _, grads[kernel]), names = kernel_names(lambda: run_train(ms, case, g, need_q=False))
+    if launches is not None:
+        assert any(launches in n for n in names), names
+    assert torch.equal(grads["scan"], grads["sorted"])
+    _, ed, _, bd = expected_grads(case, g, case.call(ms, "_with_argmax")[1])
+    assert_grads(grads["sorted"], ed, bd, torch.bfloat16)
 
 
 @pytest.mark.parametrize("surface", ["contrastive", "contrastive_padded"])
@@ -213,14 +234,23 @@ def test_grad_documents_one_window_per_passage(ms, monkeypatch, surface):
     case = make_contrastive(gen, 48, 32, [180] * n_docs, 128, dtype=torch.bfloat16, device=CUDA)
     if surface == "contrastive_padded":
         case = as_padded_documents(case)
-    g = unit(gen, *case.score_shape).to(CUDA)
-    grads = {}
-    for kernel in ("scan", "sorted"):
-        monkeypatch.setenv("MAXSIM_CUDA_GRAD_D", kernel)
-        _, _, grads[kernel] = run_train(ms, case, g, need_q=False)
-    assert torch.equal(grads["scan"], grads["sorted"])
-    _, ed, _, bd = expected_grads(case, g, case.call(ms, "_with_argmax")[1])
-    assert_grads(grads["sorted"], ed, bd, torch.bfloat16)
+    scan_and_sorted_agree(ms, monkeypatch, case, gen)
+
+
+@pytest.mark.parametrize("surface", ["contrastive", "contrastive_padded"])
+def test_grad_documents_binned_by_default(ms, monkeypatch, surface):
+    """Documents of many windows (DocDoc's shape, scaled down: 16 queries of 1,024 rows, so
+    16,384 entries a document) take the sorted kernel with its hits binned by window by
+    default; the 2,000-row segment is longer than a lap of the grid's windows, so its slots
+    hold hits of several windows. The scan kernel's bits and the float64 reference."""
+    monkeypatch.delenv("MAXSIM_CUDA_GRAD_D_ROWS", raising=False)
+    monkeypatch.delenv("MAXSIM_CUDA_GRAD_D_BINNED", raising=False)
+    gen = torch.Generator().manual_seed(1024)
+    case = make_contrastive(gen, 16, 1024, [1024, 700, 2000, 1, 512, 1024, 0, 1500], 128,
+                            dtype=torch.bfloat16, device=CUDA)
+    if surface == "contrastive_padded":
+        case = as_padded_documents(case)
+    scan_and_sorted_agree(ms, monkeypatch, case, gen, launches="bin_hits_kernel")
 
 
 @pytest.mark.parametrize("surface", SURFACES)

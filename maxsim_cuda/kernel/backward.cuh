@@ -17,12 +17,16 @@
 #include "backward_documents_sorted.cuh"
 #include "backward_queries.cuh"
 #include "scheduler.cuh"
+#include "scratch.cuh"
 
 namespace maxsim_cuda {
 namespace kernel {
 
 template <class T, class Acc, int SURF>
 cudaError_t run_grad_documents(const BackwardParams& p, BwdArgs<T, Acc>& a);
+template <class T, class Acc, int SURF>
+cudaError_t launch_grad_documents(const BackwardParams& p, const BwdArgs<T, Acc>& a, dim3 grid, bool sorted,
+                                  bool wide);
 
 // F: the documents' format. Compressed documents get no gradient (the caller never asks),
 // so only grad_queries is instantiated for them.
@@ -59,6 +63,11 @@ cudaError_t run_backward(const BackwardParams& p) {
   a.pbd = IndexView(p.pairs_by_document);
   a.dpo = IndexView(p.document_pair_offsets);
   a.res = p.residual;
+  a.bins = nullptr;
+  a.bin_rows = nullptr;
+  a.bin_start = a.bin_count = a.bin_tally = nullptr;
+  a.bin_stride = 0;
+  a.bin_slots = a.bin_chunks = 0;
 
   if (p.grad_queries != nullptr) {
     const int64_t rows = SURF == 2 ? a.nq * a.W : a.nq * a.Lq;
@@ -103,6 +112,26 @@ inline int grad_documents_forced_rows(int max_rows) {
   if (e == nullptr) return 0;
   const int r = std::atoi(e);
   return r >= 16 && r <= max_rows && r % kSortWarps == 0 ? r : 0;
+}
+
+// Whether the sorted kernel's hits are binned by window first (backward_documents_binned.cuh):
+// where it can (float accumulators, contrastive surfaces, at most 256 windows a lap, rows in
+// 31 bits, at most 256 chunks of entries a document (each placing CTA sums its slot's counts
+// over all of them), the records under 1.5 GB) and pays: documents of at least 4 windows and
+// 16,384 entries (DocDoc: 8 windows of 65,536), where each window's CTA read and sorted all
+// of its document's entries; two passes over them cost about what two windows did.
+// MAXSIM_CUDA_GRAD_D_BINNED=1 bins wherever it can, 0 never (read per call: tests and
+// comparisons).
+template <int SURF, class Acc>
+inline bool grad_documents_binned(int64_t entries, int64_t nd, int64_t windows, int64_t doc_rows) {
+  const bool can = is_contrastive(SURF) && sizeof(Acc) == 4 && entries > 0 && entries <= INT32_MAX &&
+                   windows <= kMaxBinSlots && doc_rows <= INT32_MAX &&
+                   (entries + kBinChunk - 1) / kBinChunk <= kMaxBinChunks && nd * entries <= (int64_t(1) << 27);
+  if (!can) return false;
+  if (const char* e = std::getenv("MAXSIM_CUDA_GRAD_D_BINNED")) {
+    if (e[0] == '0' || e[0] == '1') return e[0] == '1';
+  }
+  return windows >= 4 && entries >= 16384;
 }
 
 // The sorted kernel's window R by a cost model, over the R a kernel variant (WIDE or not)
@@ -193,12 +222,57 @@ cudaError_t run_grad_documents(const BackwardParams& p, BwdArgs<T, Acc>& a) {
   if (windows < 1) windows = 1;
   if (windows > 65535) windows = 65535;
   const dim3 grid(static_cast<unsigned>(a.nd), static_cast<unsigned>(windows));
+  // Binned hits: stream-ordered scratch (capturable in a CUDA graph) for the records, then
+  // the tallies, the runs' starts and their lengths.
+  void* bins = nullptr;
+  if (sorted && !wide && grad_documents_binned<SURF, Acc>(entries, a.nd, windows, SURF == 3 ? a.Ld : a.d_rows)) {
+    a.bin_slots = static_cast<int>(windows);
+    a.bin_chunks = static_cast<int>((entries + kBinChunk - 1) / kBinChunk);
+    a.bin_stride = entries;
+    const size_t hits = size_t(a.nd) * size_t(entries);
+    const size_t tallies = size_t(a.nd) * size_t(a.bin_chunks) * size_t(windows);
+    const size_t runs = size_t(a.nd) * size_t(windows);
+    const size_t bytes = hits * sizeof(uint2) + (hits + tallies + 2 * runs) * sizeof(int32_t);
+    cudaError_t err = scratch_alloc(&bins, bytes, p.stream);
+    if (err != cudaSuccess) return err;
+    a.bins = static_cast<uint2*>(bins);
+    a.bin_rows = reinterpret_cast<int32_t*>(a.bins + hits);
+    a.bin_tally = a.bin_rows + hits;
+    a.bin_start = a.bin_tally + tallies;
+    a.bin_count = a.bin_start + runs;
+    if constexpr (is_contrastive(SURF) && sizeof(Acc) == 4) {
+      const dim3 chunks(static_cast<unsigned>(a.nd), static_cast<unsigned>(a.bin_chunks));
+      bin_tally_kernel<SURF, T, Acc><<<chunks, kBinThreads, 0, p.stream>>>(a);
+      bin_hits_kernel<SURF, T, Acc><<<chunks, kBinThreads, 0, p.stream>>>(a);
+    }
+  }
+  const cudaError_t err = launch_grad_documents<T, Acc, SURF>(p, a, grid, sorted, wide);
+  if (bins != nullptr) {
+    const cudaError_t ferr = cudaFreeAsync(bins, p.stream);
+    if (err == cudaSuccess) return ferr;
+  }
+  return err;
+}
+
+// The chosen grad_documents kernel on `grid` (document, window).
+template <class T, class Acc, int SURF>
+cudaError_t launch_grad_documents(const BackwardParams& p, const BwdArgs<T, Acc>& a, dim3 grid, bool sorted,
+                                  bool wide) {
   // (resident_ctas opts a kernel into its shared memory past 48 KB: the cost model above did
   // for the sorted kernel)
   if (sorted && wide) {
     if constexpr (sizeof(Acc) == 4) {
       grad_documents_sorted_kernel<SURF, T, Acc, true>
           <<<grid, kSortThreads, sizeof(SortedSmem<SURF, T, Acc, true>), p.stream>>>(a);
+    }
+  } else if (sorted && a.bins != nullptr) {
+    if constexpr (is_contrastive(SURF) && sizeof(Acc) == 4) {
+      constexpr auto kern = grad_documents_sorted_kernel<SURF, T, Acc, false, true>;
+      constexpr size_t smem = sizeof(SortedSmem<SURF, T, Acc>);
+      int per_sm = 0;
+      cudaError_t err = resident_ctas<kern>(kSortThreads, smem, 8, per_sm);
+      if (err != cudaSuccess) return err;
+      kern<<<grid, kSortThreads, smem, p.stream>>>(a);
     }
   } else if (sorted) {
     grad_documents_sorted_kernel<SURF, T, Acc><<<grid, kSortThreads, sizeof(SortedSmem<SURF, T, Acc>), p.stream>>>(a);

@@ -23,6 +23,16 @@ struct BwdArgs {
   int64_t dim, W, pairs, q_rows, d_rows;
   int64_t nq, nd, C, Lq, Ld;  // nq: B / Nq / Nq / Nq; nd: B*C / Nb / Nd / Nb
   int rows_per_cta;           // R of the grad_documents kernels
+  // grad_documents' hits binned by grid slot (backward_documents_binned.cuh), or null: a hit
+  // is {weight, query row} in bins and its document row in bin_rows, document n's from
+  // n * bin_stride, slot s's run of them at bin_start[n * bin_slots + s], bin_count[...] long.
+  uint2* bins;
+  int32_t* bin_rows;
+  int32_t* bin_start;
+  int32_t* bin_count;
+  int64_t bin_stride;
+  int bin_slots, bin_chunks;
+  int32_t* bin_tally;  // [nd][bin_chunks][bin_slots]: hits of each chunk of entries a slot
   ResidualRef res;            // residual documents (d_bytes: their packed bucket ids)
   IndexView qlens, dlens, qoffs, doffs, pqids, pdids, pbq, qpo, pbd, dpo;
 };

@@ -89,6 +89,7 @@ struct EntryCursor {
 //   packed (2): (k-th pair of the document in pairs_by_document, i).
 template <int SURF, class T, class Acc>
 struct DocEntries {
+  static constexpr bool kWalks = SURF != 0;  // entries are walked with an EntryCursor
   const BwdArgs<T, Acc>& a;
   int64_t doc, row0, rows_total, dlen, nentries, kp0, L;
   int64_t pad_qlen, pad_qr0;  // padded: the document's one query

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "backward_documents.cuh"
+#include "backward_documents_binned.cuh"
 
 namespace maxsim_cuda {
 namespace kernel {
@@ -78,11 +79,32 @@ struct SortedSmem {
   int row_start[kRows + 1];       // the sorted list's row boundaries
 };
 
-// Sorts one batch of entries [base, base + kBatch) by window row into sm.hit_*, stably;
-// sm.row_start then bounds each row's hits. Warp w evaluates the contiguous range
-// [base + w * span, base + (w + 1) * span), lane l its entries base + w * span + 32 u + l.
-template <int SURF, class T, class Acc, bool WIDE>
-__device__ __forceinline__ void sort_batch_hits(SortedSmem<SURF, T, Acc, WIDE>& sm, const DocEntries<SURF, T, Acc>& de,
+// A grid slot's hits as bin_hits_kernel wrote them (backward_documents_binned.cuh), read as
+// entries in entry order: those of the window [j0, j0 + R) (all of them, unless the segment
+// is longer than a lap of the grid's windows).
+template <class Acc>
+struct BinnedHits {
+  static constexpr bool kWalks = false;  // no entry cursor
+  const uint2* rec;
+  const int32_t* row;
+  int64_t nentries;
+  __device__ __forceinline__ int window_row(int64_t k, const EntryCursor&, int64_t j0, int R, Acc& w,
+                                            int64_t& qrow) const {
+    const bool in = k < nentries;
+    const uint2 r = in ? __ldg(rec + k) : make_uint2(0u, 0u);
+    const int64_t j = in ? int64_t(__ldg(row + k)) - j0 : -1;
+    w = static_cast<Acc>(__uint_as_float(r.x));
+    qrow = r.y;
+    return j >= 0 && j < R ? static_cast<int>(j) : -1;
+  }
+};
+
+// Sorts one batch of entries [base, base + kBatch) of `de` (a document's entries, or a
+// window's binned hits) by window row into sm.hit_*, stably; sm.row_start then bounds each
+// row's hits. Warp w evaluates the contiguous range [base + w * span, base + (w + 1) * span),
+// lane l its entries base + w * span + 32 u + l.
+template <int SURF, class T, class Acc, bool WIDE, class Entries>
+__device__ __forceinline__ void sort_batch_hits(SortedSmem<SURF, T, Acc, WIDE>& sm, const Entries& de,
                                                 int64_t base, int64_t j0, int R, int t) {
   constexpr int kPer = sorted_per_lane<SURF, Acc, WIDE>();
   const int lane = t % 32, warp = t / 32;
@@ -93,7 +115,7 @@ __device__ __forceinline__ void sort_batch_hits(SortedSmem<SURF, T, Acc, WIDE>& 
   // after each, ptxas issued one entry's reads at a time).
   const int64_t k0 = base + int64_t(warp) * (32 * kPer) + lane;
   EntryCursor cur{0, 0, 1, 0, 0};
-  if (SURF != 0) cur.seek(k0, de.L, 32);
+  if constexpr (Entries::kWalks) cur.seek(k0, de.L, 32);
   int jl[kPer];
   Acc w[kPer];
   int64_t qrow[kPer];
@@ -102,7 +124,7 @@ __device__ __forceinline__ void sort_batch_hits(SortedSmem<SURF, T, Acc, WIDE>& 
     w[u] = Acc(0);
     qrow[u] = 0;
     jl[u] = de.window_row(k0 + 32 * u, cur, j0, R, w[u], qrow[u]);
-    if (SURF != 0) cur.next();
+    if constexpr (Entries::kWalks) cur.next();
   }
   __syncthreads();  // the cursors are zero
 #pragma unroll
@@ -259,46 +281,64 @@ __device__ __forceinline__ void apply_sorted_hits(SortedSmem<SURF, T, Acc, WIDE>
   slot(row) = cur;
 }
 
-template <int SURF, class T, class Acc, bool WIDE = false>
-__global__ void __launch_bounds__(kSortThreads, sorted_min_ctas<Acc>())
-    grad_documents_sorted_kernel(const BwdArgs<T, Acc> a) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  auto& sm = *reinterpret_cast<SortedSmem<SURF, T, Acc, WIDE>*>(smem_raw);
+// One window's chunk of columns: its entries (`src`: the document's, or the window's binned
+// hits) sorted and applied batch by batch, then its rows written.
+template <int SURF, class T, class Acc, bool WIDE, class Entries>
+__device__ __forceinline__ void sorted_window(SortedSmem<SURF, T, Acc, WIDE>& sm, const BwdArgs<T, Acc>& a,
+                                              const DocEntries<SURF, T, Acc>& de, const Entries& src, int64_t j0,
+                                              int64_t col, bool vec) {
   constexpr int kBatch = SortedSmem<SURF, T, Acc, WIDE>::kBatch;
   const int t = threadIdx.x, lane = t % 32, warp = t / 32;
   const int R = a.rows_per_cta;
-  for_each_window<SURF>(a, [&](const DocEntries<SURF, T, Acc>& de, int64_t j0, int64_t col, bool vec) {
-    const int r0 = warp * rows_per_warp(R), r1 = r0 + rows_per_warp(R) < R ? r0 + rows_per_warp(R) : R;
-    // One batch (padded documents, small contrastive batches): rows start from zero in
-    // registers and rows without hits are written as zeros, so the accumulator is neither
-    // cleared nor read for them.
-    const bool one_batch = de.nentries <= kBatch;
-    if (!one_batch) {
-      for (int j = r0; j < r1; ++j) *reinterpret_cast<Quad<Acc>*>(&sm.acc[j][lane * kDCols]) = Quad<Acc>{};
+  const int r0 = warp * rows_per_warp(R), r1 = r0 + rows_per_warp(R) < R ? r0 + rows_per_warp(R) : R;
+  // One batch (padded documents, small contrastive batches): rows start from zero in
+  // registers and rows without hits are written as zeros, so the accumulator is neither
+  // cleared nor read for them.
+  const bool one_batch = src.nentries <= kBatch;
+  if (!one_batch) {
+    for (int j = r0; j < r1; ++j) *reinterpret_cast<Quad<Acc>*>(&sm.acc[j][lane * kDCols]) = Quad<Acc>{};
+  }
+  for (int64_t base = 0; base < src.nentries; base += kBatch) {
+    sort_batch_hits(sm, src, base, j0, R, t);
+    if (vec) {
+      apply_sorted_hits<true>(sm, R, warp, lane, a.q, col, a.dim, one_batch);
+    } else {
+      apply_sorted_hits<false>(sm, R, warp, lane, a.q, col, a.dim, one_batch);
     }
-    for (int64_t base = 0; base < de.nentries; base += kBatch) {
-      sort_batch_hits(sm, de, base, j0, R, t);
-      if (vec) {
-        apply_sorted_hits<true>(sm, R, warp, lane, a.q, col, a.dim, one_batch);
-      } else {
-        apply_sorted_hits<false>(sm, R, warp, lane, a.q, col, a.dim, one_batch);
-      }
-      // (the next batch's writes wait at its first barrier for this batch's reads)
-    }
-    // Each warp writes the rows it owns (its own stores: no barrier needed before; the row
-    // boundaries are the last batch's, written before its last barrier).
-    if (col < a.dim) {
-      const int64_t nrows = de.rows_total - j0 < R ? de.rows_total - j0 : R;
-      for (int j = r0; j < r1 && j < nrows; ++j) {
-        const bool zero = de.nentries == 0 || (one_batch && sm.row_start[j] == sm.row_start[j + 1]);
-        T* out = a.grad_d + (de.row0 + j0 + j) * a.dim + col;
+    // (the next batch's writes wait at its first barrier for this batch's reads)
+  }
+  // Each warp writes the rows it owns (its own stores: no barrier needed before; the row
+  // boundaries are the last batch's, written before its last barrier).
+  if (col < a.dim) {
+    const int64_t nrows = de.rows_total - j0 < R ? de.rows_total - j0 : R;
+    for (int j = r0; j < r1 && j < nrows; ++j) {
+      const bool zero = src.nentries == 0 || (one_batch && sm.row_start[j] == sm.row_start[j + 1]);
+      T* out = a.grad_d + (de.row0 + j0 + j) * a.dim + col;
 #pragma unroll
-        for (int c = 0; c < kDCols; ++c) {
-          if (col + c < a.dim) out[c] = from_acc<T, Acc>(zero ? Acc(0) : sm.acc[j][lane * kDCols + c]);
-        }
+      for (int c = 0; c < kDCols; ++c) {
+        if (col + c < a.dim) out[c] = from_acc<T, Acc>(zero ? Acc(0) : sm.acc[j][lane * kDCols + c]);
       }
     }
-    __syncthreads();  // the next chunk's or window's sort overwrites the row boundaries read above
+  }
+  __syncthreads();  // the next chunk's or window's sort overwrites the row boundaries read above
+}
+
+// BINNED: a CTA's hits come binned by its grid slot (backward_documents_binned.cuh;
+// contrastive surfaces, float accumulators) instead of read from all of its document's entries.
+template <int SURF, class T, class Acc, bool WIDE = false, bool BINNED = false>
+__global__ void __launch_bounds__(kSortThreads, sorted_min_ctas<Acc>())
+    grad_documents_sorted_kernel(const BwdArgs<T, Acc> a) {
+  static_assert(!BINNED || (is_contrastive(SURF) && sizeof(Acc) == 4), "binned: contrastive, float");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  auto& sm = *reinterpret_cast<SortedSmem<SURF, T, Acc, WIDE>*>(smem_raw);
+  for_each_window<SURF>(a, [&](const DocEntries<SURF, T, Acc>& de, int64_t j0, int64_t col, bool vec) {
+    if constexpr (BINNED) {
+      const int64_t slot = de.doc * a.bin_slots + blockIdx.y, first = de.doc * a.bin_stride + a.bin_start[slot];
+      const BinnedHits<Acc> hits{a.bins + first, a.bin_rows + first, a.bin_count[slot]};
+      sorted_window(sm, a, de, hits, j0, col, vec);
+    } else {
+      sorted_window(sm, a, de, de, j0, col, vec);
+    }
   });
 }
 

@@ -133,6 +133,8 @@ GRAD_DOCUMENTS = [
     # (a tree without the knob ignores it: there this row is the default's)
     ("BigColBERT grad_documents, 96-row windows", {"MAXSIM_CUDA_GRAD_D_ROWS": "96"},
      lambda ms: backward_raw(ms, "BigColBERT", "documents")),
+    ("DocDoc grad_documents, unbinned", {"MAXSIM_CUDA_GRAD_D_BINNED": "0"},
+     lambda ms: backward_raw(ms, "DocDoc", "documents")),
     *((f"{n} {lay} forward + grad_documents", {}, lambda ms, n=n, lay=lay: grad_documents_public(ms, n, lay))
       for n, lay in (("Rerank", "ragged"), ("HeavyRerank", "full"), ("RerankPacked", "ragged"),
                      ("ColPaliRerankPacked", "ragged"))),

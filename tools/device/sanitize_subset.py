@@ -271,20 +271,23 @@ if "bytes" in parts:
 if "grad_documents" in parts or "grad_documents_sorted" in parts:
     for knob in ("MAXSIM_CUDA_HOPPER_PADDED", "MAXSIM_CUDA_HOPPER_PACKED", "MAXSIM_CUDA_HOPPER_PADDED_CTAS"):
         os.environ.pop(knob, None)  # the forward as by default
-    # (sorted at 184 rows: the 192-row variant, one window for most documents.)
+    # (sorted at 184 rows: the 192-row variant, one window for most documents; binned at 16
+    # rows: the contrastive calls' hits binned by window first, long segments over several laps.)
     # grad_documents_sorted: the sorted kernels alone, at one 16-bit and one 32-bit type, one
     # dim of a column chunk and one of three (racecheck took over 230 s on the whole part).
-    configs = (("sorted", "0"), ("sorted", "184"), ("scan", "0"))
+    configs = (("sorted", "0", "0"), ("sorted", "184", "0"), ("sorted", "16", "1"), ("scan", "0", "0"))
     combos = [(dtype, dim) for dtype in (torch.float16, torch.float32, torch.float64) for dim in (3, 128, 300)]
     if "grad_documents" not in parts:
-        configs, combos = configs[:2], [(torch.float16, 128), (torch.float32, 300)]
-    for kernel, rows in configs:
+        configs, combos = configs[:3], [(torch.float16, 128), (torch.float32, 300)]
+    for kernel, rows, binned in configs:
         os.environ["MAXSIM_CUDA_GRAD_D"] = kernel
         os.environ["MAXSIM_CUDA_GRAD_D_ROWS"] = rows
+        os.environ["MAXSIM_CUDA_GRAD_D_BINNED"] = binned
         for dtype, dim in combos:
             every_entry_point(dtype, dim)
             many_entries_a_row(dtype, dim)
     os.environ.pop("MAXSIM_CUDA_GRAD_D")
     os.environ.pop("MAXSIM_CUDA_GRAD_D_ROWS")
+    os.environ.pop("MAXSIM_CUDA_GRAD_D_BINNED")
 torch.cuda.synchronize()
 print("sanitize subset done")
