@@ -447,8 +447,9 @@ def test_default_rule_takes_sm90a_kernel_for_many_steps(ms, monkeypatch, rng, su
 @pytest.mark.parametrize("surface", ["padded", "packed"])
 def test_wide_default_rule_matches_streamed_shape(ms, monkeypatch, rng, surface):
     """128 < dim <= 256 by the default rule (hopper_wide_shape): the two-CTA streamed shape up
-    to two steps an SM, three streamed CTAs an SM up to three, the resident 256-column shape at
-    more steps of documents under 512 rows, the two-CTA streamed shape for longer ones. Each
+    to two steps an SM, three streamed CTAs an SM up to three, and at more steps of documents
+    under 512 rows three streamed CTAs up to dim 192 and the resident 256-column shape above,
+    the two-CTA streamed shape for longer ones. Each
     takes the streamed shape's MMAs in the same order, so its scores and argmax must equal that
     shape's bit for bit, on both sides of every threshold, and the reference."""
     for knob in ("MAXSIM_CUDA_HOPPER_RESIDENT", "MAXSIM_CUDA_HOPPER_PADDED_CTAS", "MAXSIM_CUDA_HOPPER_QUERY_BUFS"):
@@ -458,7 +459,7 @@ def test_wide_default_rule_matches_streamed_shape(ms, monkeypatch, rng, surface)
     # cross the rule's row thresholds, random lengths average half of Ld
     for cands, ld, dim, full in ((2 * sms // 32, 180, 256, False), (2 * sms // 32 + 2, 180, 256, True),
                                  (3 * sms // 32, 300, 192, False), (3 * sms // 32 + 2, 180, 256, False),
-                                 (4 * sms // 32 + 1, 200, 136, True), (3 * sms // 32 + 2, 600, 256, True),
+                                 (4 * sms // 32 + 1, 200, 136, True), (4 * sms // 32 + 1, 200, 224, True), (3 * sms // 32 + 2, 600, 256, True),
                                  (2 * sms // 32, 300, 256, True), (6, 70, 256, False)):
         d_lens = torch.full((32, cands), ld) if full else rand_lengths(rng, (32, cands), ld)
         case = make_padded(rng, 32, cands, 32, ld, dim, dtype=torch.bfloat16, device="cuda", d_lens=d_lens)

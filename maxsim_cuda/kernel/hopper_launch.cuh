@@ -260,12 +260,20 @@ constexpr int64_t kHopperThreeCtasMinDocRows = 32;
 // made C 1 and C 5 at Ld 180 (32 and 160 steps) 1.13x and 1.17x slower (2026-11-30, ab on
 // 3fa996f, `benchmarks/results/h200_ab_wide_rule_first_tile_ahead_3fa996f.json`).
 enum class WideShape { kStreamed, kStreamedThreeCtas, kResidentRuns };
+// At most this many columns, the many-step calls under kHopperWideResidentMaxRows stream at
+// three CTAs an SM too: the resident shape's 256 columns are a quarter (dim 192) or more zero
+// fill there (H200, 2026-11-30, B 32, C 50, Lq 32, us, resident one CTA / streamed three CTAs:
+// dim 160 at Ld 180 / 256 34.98 / 33.64, 48.84 / 43.08; dim 192 35.01 / 34.18, 48.23 /
+// 44.53; dim 224 36.04 / 41.32, 48.39 / 55.12; `benchmarks/results/
+// h200_probe_wide_dims_128_256_58f2f63.json`).
+constexpr int64_t kHopperWideThreeCtasMaxDim = 192;
 constexpr int64_t kHopperWideResidentMaxRows = 512;
 inline WideShape hopper_wide_shape(const ForwardParams& p) {
   const int64_t steps = hopper_strided_steps(p), sms = p.num_sms > 0 ? p.num_sms : 1;
   if (p.dim <= 128 || p.dim > 256 || steps <= 2 * sms) return WideShape::kStreamed;
   if (steps <= 3 * sms) return WideShape::kStreamedThreeCtas;
-  return average_doc_rows(p) < kHopperWideResidentMaxRows ? WideShape::kResidentRuns : WideShape::kStreamed;
+  if (average_doc_rows(p) >= kHopperWideResidentMaxRows) return WideShape::kStreamed;
+  return p.dim <= kHopperWideThreeCtasMaxDim ? WideShape::kStreamedThreeCtas : WideShape::kResidentRuns;
 }
 
 // Whether this kernel is wanted for the call's surface and shape (contrastive: always).
