@@ -572,7 +572,8 @@ THREE_CTAS_TWO_QUERIES = [
 # The strided shape at 128 < dim <= 256 by a rule (hopper_wide_rule.patch, landed after
 # 3fa996f; hopper_wide_rule_one_wave.patch, landed after 132cfd6, limits its first clause to
 # more than two steps an SM): three streamed CTAs an SM at 2-3 steps an SM, the resident 256-column
-# shape (one CTA, two query buffers) at more steps under 512 rows, streamed two CTAs beyond.
+# shape (one CTA, two query buffers) at more steps under 512 rows (above dim 192 since 00b89af;
+# three streamed CTAs up to it), streamed two CTAs beyond.
 # By the default rule on both trees (base: streamed two CTAs everywhere), then controls the
 # rule leaves alone (long documents, dim 512, dim 128).
 WIDE_RULE = [
@@ -580,6 +581,9 @@ WIDE_RULE = [
     *padded_rows([
         shape_row(32, 50, 32, 300, 256),
         shape_row(32, 50, 32, 180, 192, torch.bfloat16),
+        # (three streamed CTAs up to dim 192 since 00b89af: where the probe had it 0.88-0.92x)
+        shape_row(32, 50, 32, 256, 192, torch.bfloat16),
+        shape_row(32, 50, 32, 256, 160),
         shape_row(16, 50, 64, 180, 256),
         shape_row(32, 10, 32, 180, 136),
         shape_row(32, 50, 32, 1024, 256, note=" (control)"),
