@@ -459,8 +459,9 @@ def test_wide_default_rule_matches_streamed_shape(ms, monkeypatch, rng, surface)
     # cross the rule's row thresholds, random lengths average half of Ld
     for cands, ld, dim, full in ((2 * sms // 32, 180, 256, False), (2 * sms // 32 + 2, 180, 256, True),
                                  (3 * sms // 32, 300, 192, False), (3 * sms // 32 + 2, 180, 256, False),
-                                 (4 * sms // 32 + 1, 200, 136, True), (4 * sms // 32 + 1, 200, 224, True), (3 * sms // 32 + 2, 600, 256, True),
-                                 (2 * sms // 32, 300, 256, True), (6, 70, 256, False)):
+                                 (4 * sms // 32 + 1, 200, 136, True), (4 * sms // 32 + 1, 200, 224, True),
+                                 (3 * sms // 32 + 2, 600, 256, True), (2 * sms // 32, 300, 256, True),
+                                 (6, 70, 256, False)):
         d_lens = torch.full((32, cands), ld) if full else rand_lengths(rng, (32, cands), ld)
         case = make_padded(rng, 32, cands, 32, ld, dim, dtype=torch.bfloat16, device="cuda", d_lens=d_lens)
         if surface == "packed":
