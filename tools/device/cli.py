@@ -578,7 +578,8 @@ def ncu_spec(spec: str, args) -> int:
 def cmd_profile(args) -> int:
     """Build, then where the GPU time goes. MODE ... are tools/device/overhead.py's probes
     (default `kernels split` unless only --ncu is given): kernels (GPU time of one inference
-    call per shape), split (forward / grad_q / grad_d of the training workloads), rerank,
+    call per shape), split (forward / grad_q / grad_d of the training workloads), split_kernels
+    (grad_d's kernels on BigColBERT and DocDoc, each one's time), rerank,
     train [profile], floor (host cost of the cheapest calls), ab ENV=V[,ENV=V] NAME:LAYOUT ...
     (knobs against the default, alternating replays in one process). --variant NAME=ENV=V[,..]
     runs the probes once per variant (e.g. --variant hopper --variant

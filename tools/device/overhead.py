@@ -6,6 +6,7 @@ and GPU-only time (CUDA-graph replay), for maxsim and for the raw ops under it. 
     python3 tools/device/overhead.py train    # Contrastive training step (Nq=Nb=32, Lq=32, Ld=80)
     python3 tools/device/overhead.py rerank   # the five rerank workloads, padded vs packed
     python3 tools/device/overhead.py split    # training workloads: forward / grad_q / grad_d GPU time
+    python3 tools/device/overhead.py split_kernels  # the kernels under grad_d (BigColBERT, DocDoc), each's GPU time
     python3 tools/device/overhead.py once NAME  # one forward + backward of a training workload (for ncu)
     python3 tools/device/overhead.py kernels    # GPU time (graph replay) of the forward on the issue-9 shapes
     python3 tools/device/overhead.py call NAME LAYOUT [FORMAT]  # one forward call (for ncu);
@@ -120,6 +121,24 @@ def split_probe():
         print(f"{name:12s} " + "  ".join(f"{k} {graph(f):8.1f} us" for k, f in parts.items()), flush=True)
 
 
+def split_kernels_probe():
+    """The kernels grad_documents launches on the two large training workloads and each one's
+    GPU time (torch.profiler over ten calls): how binning passes and the apply kernel share it."""
+    for name in ("BigColBERT", "DocDoc"):
+        _, bwd = W.raw_training_ops(maxsim, name)
+        for _ in range(3):
+            bwd(False, True)
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                bwd(False, True)
+            torch.cuda.synchronize()
+        print(name, "grad_d", flush=True)
+        for e in prof.key_averages():
+            if e.device_time_total > 0:
+                print(f"  {e.key[:90]:90s} calls {e.count:4d}  {e.device_time_total / e.count:9.2f} us", flush=True)
+
+
 KERNEL_SHAPES = (("HeavyRerank", "full"), ("HeavyRerank", "ragged"), ("ColPaliRerank", "full"),
                  ("ColPaliRerank", "ragged"), ("Rerank", "full"), ("HeavyRerankPacked", "ragged"),
                  ("ColBERTCorpus", "ragged"), ("ColPaliCorpus", "ragged"),
@@ -221,6 +240,8 @@ if __name__ == "__main__":
         sys.exit(0)
     if "split" in args:
         split_probe()
+    if "split_kernels" in args:
+        split_kernels_probe()
     if "rerank" in args:
         rerank_probe()
     if "train" in args:
