@@ -50,6 +50,23 @@ def knobs(env):
                 os.environ[k] = v
 
 
+def padded_rerank_peers():
+    """The installed peers' padded rerank calls, name -> fn(queries, documents), full-length
+    documents (no lengths): late-interaction-kernels as "lik", flash-maxsim as "fm"."""
+    peers = {}
+    try:
+        import late_interaction_kernels as lik
+        peers["lik"] = lambda q, d: lik.maxsim(q, d, None, None)
+    except ImportError:
+        pass
+    try:
+        import flash_maxsim as fm
+        peers["fm"] = lambda q, d: fm.flash_maxsim_rerank_padded(q, d, None, None)
+    except ImportError:
+        pass
+    return peers
+
+
 def graph_time_ms(fn, reps=20, replays=7):
     fn()
     torch.cuda.synchronize()

@@ -20,18 +20,11 @@
 #include <vector>
 
 #include "../../maxsim_cuda/kernel/forward_kernel.cuh"
+#include "cuda_check.h"
 
 using namespace maxsim_cuda;
 using namespace maxsim_cuda::kernel;
 
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
 
 // k-step-major order: all of a k-quarter's document words are read first, then each k-step
 // runs over every n8 tile, so consecutive MMAs write different accumulators (the library's
@@ -129,17 +122,17 @@ ForwardParams params(const Inputs& in, bool compressed) {
 template <class F>
 float median_ms(F&& f, int reps = 30) {
   cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) CK(f());
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) CUDA_CHECK(f());
   std::vector<float> t;
   for (int i = 0; i < reps; ++i) {
-    CK(cudaEventRecord(a));
-    CK(f());
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
+    CUDA_CHECK(cudaEventRecord(a));
+    CUDA_CHECK(f());
+    CUDA_CHECK(cudaEventRecord(b));
+    CUDA_CHECK(cudaEventSynchronize(b));
     float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
+    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
     t.push_back(ms);
   }
   std::sort(t.begin(), t.end());
@@ -153,12 +146,12 @@ std::vector<float> library_scores;
 template <class ML>
 void run(const char* name, const Inputs& in, bool compressed, double bytes) {
   const ForwardParams p = params(in, compressed);
-  CK(cudaMemset(in.scores, 0xff, sizeof(float) * p.pairs));
+  CUDA_CHECK(cudaMemset(in.scores, 0xff, sizeof(float) * p.pairs));
   const float ms = median_ms([&] {
     return run_surface<ML, 0>(p);
   });
   std::vector<float> s(p.pairs);
-  CK(cudaMemcpy(s.data(), in.scores, sizeof(float) * p.pairs, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(s.data(), in.scores, sizeof(float) * p.pairs, cudaMemcpyDeviceToHost));
   double err = 0;
   if (ref_scores.empty()) ref_scores = s;  // the first variant (fp16 documents = the dequantised int8)
   for (size_t i = 0; i < s.size(); ++i) {
@@ -190,7 +183,7 @@ int main(int argc, char** argv) {
     in.Ld = std::atoll(argv[4]);
   }
   cudaDeviceProp prop;
-  CK(cudaGetDeviceProperties(&prop, 0));
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   in.num_sms = prop.multiProcessorCount;
   const int64_t qn = in.B * in.Lq * in.D, rows = in.B * in.C * in.Ld, dn = rows * in.D;
   std::mt19937 rng(7);
@@ -204,25 +197,25 @@ int main(int argc, char** argv) {
   for (auto& x : hs) x = 0.01f * (1.f + 0.1f * std::fabs(nd(rng)));
   std::vector<__half> h16(dn);
   for (int64_t i = 0; i < dn; ++i) h16[i] = __float2half(float(h8[i]) * hs[i / in.D]);
-  CK(cudaMalloc(&in.q, qn * 2));
-  CK(cudaMalloc(&in.docs16, dn * 2));
-  CK(cudaMalloc(&in.docs8, dn));
-  CK(cudaMalloc(&in.scales, rows * 4));
-  CK(cudaMalloc(&in.scores, in.B * in.C * 4));
+  CUDA_CHECK(cudaMalloc(&in.q, qn * 2));
+  CUDA_CHECK(cudaMalloc(&in.docs16, dn * 2));
+  CUDA_CHECK(cudaMalloc(&in.docs8, dn));
+  CUDA_CHECK(cudaMalloc(&in.scales, rows * 4));
+  CUDA_CHECK(cudaMalloc(&in.scores, in.B * in.C * 4));
   std::vector<int> ql(in.B, int(in.Lq)), dl(in.B * in.C, int(in.Ld));
-  CK(cudaMalloc(&in.qlens, in.B * 4));
-  CK(cudaMalloc(&in.dlens, in.B * in.C * 4));
-  CK(cudaMemcpy(in.qlens, ql.data(), in.B * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(in.dlens, dl.data(), in.B * in.C * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(in.q, hq.data(), qn * 2, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(in.docs16, h16.data(), dn * 2, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(in.docs8, h8.data(), dn, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(in.scales, hs.data(), rows * 4, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMalloc(&in.qlens, in.B * 4));
+  CUDA_CHECK(cudaMalloc(&in.dlens, in.B * in.C * 4));
+  CUDA_CHECK(cudaMemcpy(in.qlens, ql.data(), in.B * 4, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(in.dlens, dl.data(), in.B * in.C * 4, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(in.q, hq.data(), qn * 2, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(in.docs16, h16.data(), dn * 2, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(in.docs8, h8.data(), dn, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(in.scales, hs.data(), rows * 4, cudaMemcpyHostToDevice));
   std::printf("%s, %d SMs; B %lld C %lld Lq %lld Ld %lld dim %lld\n", prop.name, in.num_sms, (long long)in.B,
               (long long)in.C, (long long)in.Lq, (long long)in.Ld, (long long)in.D);
 
   uint8_t* dst = nullptr;
-  CK(cudaMalloc(&dst, dn));
+  CUDA_CHECK(cudaMalloc(&dst, dn));
   const float copy_ms = median_ms([&] {
     copy_kernel<<<in.num_sms * 8, 512>>>(reinterpret_cast<const uint4*>(in.docs8), reinterpret_cast<uint4*>(dst), dn / 16);
     return cudaGetLastError();

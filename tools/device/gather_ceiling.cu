@@ -31,14 +31,8 @@
 #include <string>
 #include <vector>
 
-#define CHECK(x)                                                                             \
-  do {                                                                                       \
-    cudaError_t e_ = (x);                                                                    \
-    if (e_ != cudaSuccess) {                                                                 \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
+#include "cuda_check.h"
+
 
 constexpr int kRowWords = 32;  // a 256-byte row as 32 x uint2 (8 bytes a lane)
 constexpr int64_t kGathers = int64_t(1) << 23;
@@ -122,7 +116,7 @@ static std::vector<int> make_indices(const char* pattern, int rows, int64_t warp
 static int prop_sms() {
   static int sms = [] {
     int n = 0;
-    CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0));
+    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0));
     return n;
   }();
   return sms;
@@ -132,9 +126,9 @@ static int prop_sms() {
 // 80-88 a thread).
 template <int IN_FLIGHT, bool WIDE>
 static int resident_ctas(size_t smem) {
-  CHECK(cudaFuncSetAttribute(gather_kernel<IN_FLIGHT, WIDE>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  CUDA_CHECK(cudaFuncSetAttribute(gather_kernel<IN_FLIGHT, WIDE>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   int n = 0;
-  CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gather_kernel<IN_FLIGHT, WIDE>, 256, smem));
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gather_kernel<IN_FLIGHT, WIDE>, 256, smem));
   return n;
 }
 
@@ -142,29 +136,29 @@ template <int IN_FLIGHT, bool WIDE>
 static float time_us(const uint2* table, const int* idx, int per_warp, float* out, int grid, size_t smem) {
   if (resident_ctas<IN_FLIGHT, WIDE>(smem) * int64_t(prop_sms()) < grid) return -1.f;  // not one wave
   gather_kernel<IN_FLIGHT, WIDE><<<grid, 256, smem>>>(table, idx, per_warp, out);  // warm-up, and the L2 filled
-  CHECK(cudaGetLastError());
+  CUDA_CHECK(cudaGetLastError());
   cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
   std::vector<float> t;
   for (int r = 0; r < 7; ++r) {
-    CHECK(cudaEventRecord(a));
+    CUDA_CHECK(cudaEventRecord(a));
     gather_kernel<IN_FLIGHT, WIDE><<<grid, 256, smem>>>(table, idx, per_warp, out);
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
+    CUDA_CHECK(cudaEventRecord(b));
+    CUDA_CHECK(cudaEventSynchronize(b));
     float ms = 0.f;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
+    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
     t.push_back(ms * 1e3f);
   }
   std::sort(t.begin(), t.end());
-  CHECK(cudaEventDestroy(a));
-  CHECK(cudaEventDestroy(b));
+  CUDA_CHECK(cudaEventDestroy(a));
+  CUDA_CHECK(cudaEventDestroy(b));
   return t[t.size() / 2];
 }
 
 int main() {
   cudaDeviceProp prop;
-  CHECK(cudaGetDeviceProperties(&prop, 0));
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;
   const size_t smem_sm = prop.sharedMemPerMultiprocessor;
   std::fprintf(stderr, "%s: %d SMs, %zu KB shared memory an SM, L2 %d MB\n", prop.name, sms, smem_sm >> 10,
@@ -173,11 +167,11 @@ int main() {
   const char* patterns[] = {"random", "window32", "window1024", "sequential"};
   const int ctas_per_sm[] = {1, 2, 4, 8};
   uint2* table;
-  CHECK(cudaMalloc(&table, size_t(92160) * 256));
+  CUDA_CHECK(cudaMalloc(&table, size_t(92160) * 256));
   {
     std::vector<uint32_t> fill(size_t(92160) * 64);
     for (size_t i = 0; i < fill.size(); ++i) fill[i] = 0x3c003c00u ^ (mix(i) & 0x00ff00ffu);  // finite bfloat16 pairs
-    CHECK(cudaMemcpy(table, fill.data(), fill.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(table, fill.data(), fill.size() * 4, cudaMemcpyHostToDevice));
   }
   for (int ctas : ctas_per_sm) {
     const int grid = sms * ctas;
@@ -187,12 +181,12 @@ int main() {
     const size_t smem = smem_sm / ctas - 2048;  // a little under an SM's share: `ctas` fit, no more
     float* out;
     int* idx;
-    CHECK(cudaMalloc(&out, size_t(warps) * 32 * sizeof(float)));
-    CHECK(cudaMalloc(&idx, size_t(warps) * per_warp * sizeof(int)));
+    CUDA_CHECK(cudaMalloc(&out, size_t(warps) * 32 * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&idx, size_t(warps) * per_warp * sizeof(int)));
     for (int rows : table_rows) {
       for (const char* pattern : patterns) {
         const std::vector<int> h = make_indices(pattern, rows, warps, per_warp);
-        CHECK(cudaMemcpy(idx, h.data(), h.size() * sizeof(int), cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(idx, h.data(), h.size() * sizeof(int), cudaMemcpyHostToDevice));
         const double bytes = double(warps) * per_warp * 256.0;
         struct Config {
           int depth;
@@ -215,9 +209,9 @@ int main() {
         std::fflush(stdout);
       }
     }
-    CHECK(cudaFree(out));
-    CHECK(cudaFree(idx));
+    CUDA_CHECK(cudaFree(out));
+    CUDA_CHECK(cudaFree(idx));
   }
-  CHECK(cudaFree(table));
+  CUDA_CHECK(cudaFree(table));
   return 0;
 }

@@ -15,9 +15,9 @@
 #include <random>
 #include <vector>
 #include "maxsim_cuda/kernel/forward_kernel.cuh"  // the tree given by -I
+#include "cuda_check.h"
 using namespace maxsim_cuda;
 using namespace maxsim_cuda::kernel;
-#define CK(...) do { cudaError_t e_ = (__VA_ARGS__); if (e_ != cudaSuccess) { std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); std::exit(1);} } while (0)
 
 template <class ML>
 void probe(int64_t B, int64_t C, int64_t Lq, int64_t Ld, FILE* out) {
@@ -28,42 +28,42 @@ void probe(int64_t B, int64_t C, int64_t Lq, int64_t Ld, FILE* out) {
   for (auto& x : hq) x = __float2half(nd(rng));
   for (auto& x : hd) x = __float2half(nd(rng));
   __half *q, *d; float* s; int *ql, *dl;
-  CK(cudaMalloc(&q, qn * 2)); CK(cudaMalloc(&d, dn * 2)); CK(cudaMalloc(&s, B * C * 4));
-  CK(cudaMalloc(&ql, B * 4)); CK(cudaMalloc(&dl, B * C * 4));
+  CUDA_CHECK(cudaMalloc(&q, qn * 2)); CUDA_CHECK(cudaMalloc(&d, dn * 2)); CUDA_CHECK(cudaMalloc(&s, B * C * 4));
+  CUDA_CHECK(cudaMalloc(&ql, B * 4)); CUDA_CHECK(cudaMalloc(&dl, B * C * 4));
   std::vector<int> hql(B, int(Lq)), hdl(B * C);
   for (auto& x : hdl) x = int(Ld);
-  CK(cudaMemcpy(q, hq.data(), qn * 2, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(d, hd.data(), dn * 2, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(ql, hql.data(), B * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(dl, hdl.data(), B * C * 4, cudaMemcpyHostToDevice));
-  cudaDeviceProp prop; CK(cudaGetDeviceProperties(&prop, 0));
+  CUDA_CHECK(cudaMemcpy(q, hq.data(), qn * 2, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(d, hd.data(), dn * 2, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(ql, hql.data(), B * 4, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(dl, hdl.data(), B * C * 4, cudaMemcpyHostToDevice));
+  cudaDeviceProp prop; CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   ForwardParams p;
   p.surface = Surface::kPadded; p.dtype = DType::kF16; p.doc_format = DocFormat::kNative;
   p.queries = q; p.documents = d; p.doc_scales = nullptr; p.dim = D;
   p.q_rows = B * Lq; p.d_rows = rows; p.num_queries = B; p.cands = C; p.lq = Lq; p.ld = Ld; p.pairs = B * C;
   p.query_lengths = IndexRef{ql, B, 0}; p.doc_lengths = IndexRef{dl, B * C, 0};
   p.num_sms = prop.multiProcessorCount; p.scores = s;
-  cudaStream_t st; CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaStream_t st; CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   constexpr int kCalls = 20;
   p.stream = st;
-  CK(run_surface<ML, 0>(p)); CK(cudaStreamSynchronize(st));
+  CUDA_CHECK(run_surface<ML, 0>(p)); CUDA_CHECK(cudaStreamSynchronize(st));
   cudaGraph_t g; cudaGraphExec_t ge;
-  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < kCalls; ++i) CK(run_surface<ML, 0>(p));
-  CK(cudaStreamEndCapture(st, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
-  for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, st));
-  cudaEvent_t a, b; CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
+  CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kCalls; ++i) CUDA_CHECK(run_surface<ML, 0>(p));
+  CUDA_CHECK(cudaStreamEndCapture(st, &g));
+  CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  for (int i = 0; i < 3; ++i) CUDA_CHECK(cudaGraphLaunch(ge, st));
+  cudaEvent_t a, b; CUDA_CHECK(cudaEventCreate(&a)); CUDA_CHECK(cudaEventCreate(&b));
   std::vector<float> t;
   for (int r = 0; r < 50; ++r) {
-    CK(cudaEventRecord(a, st));
-    CK(cudaGraphLaunch(ge, st));
-    CK(cudaEventRecord(b, st)); CK(cudaEventSynchronize(b));
-    float ms; CK(cudaEventElapsedTime(&ms, a, b)); t.push_back(ms * 1000.f / kCalls);
+    CUDA_CHECK(cudaEventRecord(a, st));
+    CUDA_CHECK(cudaGraphLaunch(ge, st));
+    CUDA_CHECK(cudaEventRecord(b, st)); CUDA_CHECK(cudaEventSynchronize(b));
+    float ms; CUDA_CHECK(cudaEventElapsedTime(&ms, a, b)); t.push_back(ms * 1000.f / kCalls);
   }
   std::sort(t.begin(), t.end());
   std::vector<float> hs(B * C);
-  CK(cudaMemcpy(hs.data(), s, B * C * 4, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(hs.data(), s, B * C * 4, cudaMemcpyDeviceToHost));
   double sum = 0; for (float v : hs) sum += v;
   std::printf("B %lld C %lld Lq %lld Ld %lld: %.3f us per call (min %.3f), checksum %.6e\n", (long long)B, (long long)C,
               (long long)Lq, (long long)Ld, t[t.size() / 2], t[0], sum);

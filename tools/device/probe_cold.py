@@ -25,7 +25,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools" / "device"))
-from bench_compressed import knobs  # noqa: E402
+from bench_compressed import knobs, padded_rerank_peers  # noqa: E402
 
 
 def event_us(fn, before=None, inner=1):
@@ -48,17 +48,7 @@ def main():
     args = ap.parse_args()
     import kernels
     ms = kernels.get_local_kernel(ROOT, backend="cuda")
-    peers = {}
-    try:
-        import late_interaction_kernels as lik
-        peers["lik"] = lambda q, d: lik.maxsim(q, d, None, None)
-    except ImportError:
-        pass
-    try:
-        import flash_maxsim as fm
-        peers["fm"] = lambda q, d: fm.flash_maxsim_rerank_padded(q, d, None, None)
-    except ImportError:
-        pass
+    peers = padded_rerank_peers()
     scratch = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
     gen = torch.Generator(device="cuda").manual_seed(0)
     B, Lq = 32, 32

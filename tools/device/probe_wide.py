@@ -26,7 +26,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools" / "device"))
-from bench_compressed import graph_time_ms, knobs
+from bench_compressed import graph_time_ms, knobs, padded_rerank_peers
 
 # name -> environment of the call (read by the launchers at capture time)
 VARIANTS = {
@@ -58,17 +58,7 @@ def main():
     args = ap.parse_args()
     import kernels
     ms = kernels.get_local_kernel(ROOT, backend="cuda")
-    peers = {}
-    try:
-        import late_interaction_kernels as lik
-        peers["lik"] = lambda q, d: lik.maxsim(q, d, None, None)
-    except ImportError:
-        pass
-    try:
-        import flash_maxsim as fm
-        peers["fm"] = lambda q, d: fm.flash_maxsim_rerank_padded(q, d, None, None)
-    except ImportError:
-        pass
+    peers = padded_rerank_peers()
     gen = torch.Generator(device="cuda").manual_seed(0)
     B, C, Lq = args.batch, args.cands, 32
     rows = []
