@@ -94,12 +94,13 @@ static uint32_t mix(uint64_t x) {  // splitmix64's finaliser: a cheap, well-spre
 static std::vector<int> make_indices(const char* pattern, int rows, int64_t warps, int per_warp) {
   std::vector<int> idx(size_t(warps) * per_warp);
   const std::string p(pattern);
+  const bool random = p == "random";
   const int window = p == "window32" ? 32 : (p == "window1024" ? 1024 : 0);
   for (int64_t w = 0; w < warps; ++w) {
     for (int j = 0; j < per_warp; ++j) {
       const uint64_t k = uint64_t(w) * per_warp + j;
       int row;
-      if (p == "random") {
+      if (random) {
         row = int(mix(k) % uint32_t(rows));
       } else if (window) {
         const int64_t base = (int64_t(j / 32) * window) % rows;  // the window every warp is in at step j
