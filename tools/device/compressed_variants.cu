@@ -25,7 +25,6 @@
 using namespace maxsim_cuda;
 using namespace maxsim_cuda::kernel;
 
-
 // k-step-major order: all of a k-quarter's document words are read first, then each k-step
 // runs over every n8 tile, so consecutive MMAs write different accumulators (the library's
 // order runs one n8 tile's four k-steps back to back).
