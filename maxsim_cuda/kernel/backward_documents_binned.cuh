@@ -69,10 +69,22 @@ __global__ void __launch_bounds__(kBinThreads) bin_tally_kernel(const BwdArgs<T,
   if (t < S) a.bin_tally[(int64_t(blockIdx.x) * a.bin_chunks + blockIdx.y) * S + t] = tally[t];
 }
 
+// The placing pass stages its chunk's hits in shared memory, slot by slot in entry order, and
+// then writes each slot's part, one contiguous range of that slot's run in the output, with
+// consecutive threads on consecutive records. Placed directly, each warp's 32 hits went to as
+// many places as the slots they touched, in partial sectors (the same pass by row, a slot a
+// row, ran at 430 us on BigColBERT: `maxsim_cuda/NOTES.md`, "grad_documents by row, measured").
+// The output is the same, record for record.
+// (Three CTAs an SM named: with the thread count alone ptxas capped the registers at 64 and
+// spilled 8 bytes at sm_80.)
 template <int SURF, class T, class Acc>
-__global__ void __launch_bounds__(kBinThreads) bin_hits_kernel(const BwdArgs<T, Acc> a) {
-  __shared__ int start[kMaxBinSlots + 1];          // where each window's run starts
-  __shared__ int cursor[kBinWarps][kMaxBinSlots];  // where each warp places its next hit a window
+__global__ void __launch_bounds__(kBinThreads, 3) bin_hits_kernel(const BwdArgs<T, Acc> a) {
+  __shared__ int start[kMaxBinSlots + 1];          // where each slot's run starts in the output
+  __shared__ int first[kMaxBinSlots];              // ... and this chunk's part of it
+  __shared__ int local[kMaxBinSlots + 1];          // where each slot's hits start in the staging
+  __shared__ int cursor[kBinWarps][kMaxBinSlots];  // where each warp stages its next hit a slot
+  __shared__ uint2 staged[kBinChunk];              // the chunk's hits, slot by slot, in entry order
+  __shared__ int32_t staged_row[kBinChunk];
   const int t = threadIdx.x, lane = t % 32, warp = t / 32, S = a.bin_slots, R = a.rows_per_cta;
   const int64_t doc = blockIdx.x, chunk = blockIdx.y;
   // Slot t: its document-wide total and the hits of the chunks before this one.
@@ -85,18 +97,18 @@ __global__ void __launch_bounds__(kBinThreads) bin_hits_kernel(const BwdArgs<T, 
       all += v;
       before += c < chunk ? v : 0;
     }
-    start[t + 1] = all;
-  }
-  __syncthreads();
-  if (t == 0) {  // at most 256 windows: a serial prefix, once a CTA
-    start[0] = 0;
-    for (int s = 0; s < S; ++s) start[s + 1] += start[s];
+    start[t] = all;
   }
   for (int c = t; c < kBinWarps * kMaxBinSlots; c += kBinThreads) (&cursor[0][0])[c] = 0;
   __syncthreads();
-  if (chunk == 0 && t < S) {
-    a.bin_start[doc * S + t] = start[t];
-    a.bin_count[doc * S + t] = start[t + 1] - start[t];
+  if (warp == 0) warp_exclusive_prefix<kMaxBinSlots / 32>(start, S, lane);
+  __syncthreads();
+  if (t < S) {
+    first[t] = start[t] + before;
+    if (chunk == 0) {
+      a.bin_start[doc * S + t] = start[t];
+      a.bin_count[doc * S + t] = start[t + 1] - start[t];
+    }
   }
   DocEntries<SURF, T, Acc> de{a};
   if (!de.init(doc)) return;  // (the whole CTA: its tallies are zeros)
@@ -109,20 +121,23 @@ __global__ void __launch_bounds__(kBinThreads) bin_hits_kernel(const BwdArgs<T, 
     if (row[u] >= 0) atomicAdd(&cursor[warp][(row[u] / R) % S], 1);
   }
   __syncthreads();
-  // Each warp's first place a slot: after the earlier windows, the earlier chunks and the
-  // earlier warps of this one (the warps' entry ranges are in entry order).
+  // Slot t's hits in this chunk, and each warp's first staging place in slot t's part (the
+  // warps' entry ranges are in entry order, so warp-major within a slot is too).
   if (t < S) {
-    int run = start[t] + before;
+    int run = 0;
 #pragma unroll
     for (int ww = 0; ww < kBinWarps; ++ww) {
       const int c = cursor[ww][t];
       cursor[ww][t] = run;
       run += c;
     }
+    local[t] = run;
   }
   __syncthreads();
-  uint2* out = a.bins + doc * a.bin_stride;
-  int32_t* out_row = a.bin_rows + doc * a.bin_stride;
+  if (warp == 0) warp_exclusive_prefix<kMaxBinSlots / 32>(local, S, lane);
+  __syncthreads();
+  // Staging, 32 entries at a time in entry order: lanes with the same slot take consecutive
+  // places in lane order, then the lowest of them moves the slot's cursor.
   const unsigned below = (1u << lane) - 1u;
 #pragma unroll
   for (int u = 0; u < kBinPerLane; ++u) {
@@ -130,13 +145,33 @@ __global__ void __launch_bounds__(kBinThreads) bin_hits_kernel(const BwdArgs<T, 
     const int s = row[u] >= 0 ? (row[u] / R) % S : -1;
     const unsigned peers = __match_any_sync(0xffffffffu, s);
     if (s >= 0) {
-      const int pos = cursor[warp][s] + __popc(peers & below);
-      out[pos] = make_uint2(__float_as_uint(static_cast<float>(w[u])), static_cast<uint32_t>(qrow[u]));
-      out_row[pos] = row[u];
+      const int pos = local[s] + cursor[warp][s] + __popc(peers & below);
+      staged[pos] = make_uint2(__float_as_uint(static_cast<float>(w[u])), static_cast<uint32_t>(qrow[u]));
+      staged_row[pos] = row[u];
     }
     __syncwarp();
     if (s >= 0 && (peers & below) == 0u) cursor[warp][s] += __popc(peers);
     __syncwarp();
+  }
+  __syncthreads();
+  // Record i belongs to the last slot whose staging start is <= i (a slot without hits shares
+  // its start with the next slot, which then holds i): a binary search over the starts.
+  uint2* out = a.bins + doc * a.bin_stride;
+  int32_t* out_row = a.bin_rows + doc * a.bin_stride;
+  const int n = local[S];
+  for (int i = t; i < n; i += kBinThreads) {
+    int lo = 0, hi = S - 1;  // local[lo] <= i < local[hi + 1] throughout
+    while (lo < hi) {
+      const int m = (lo + hi + 1) / 2;
+      if (local[m] <= i) {
+        lo = m;
+      } else {
+        hi = m - 1;
+      }
+    }
+    const int pos = first[lo] + (i - local[lo]);
+    out[pos] = staged[i];
+    out_row[pos] = staged_row[i];
   }
 }
 

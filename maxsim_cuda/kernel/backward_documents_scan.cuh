@@ -109,12 +109,7 @@ __global__ void __launch_bounds__(kScanThreads, 4) grad_documents_scan_kernel(co
         if (SURF != 0) cur.next();
       }
       // Block-wide exclusive scan of the hit counts: hits keep increasing-k order.
-      int incl = cnt;
-#pragma unroll
-      for (int o = 1; o < 32; o *= 2) {
-        const int y = __shfl_up_sync(0xffffffffu, incl, o);
-        incl += lane >= o ? y : 0;
-      }
+      const int incl = warp_inclusive_sum(cnt, lane);
       if (lane == 31) sm.wcount[warp] = incl;
       __syncthreads();
       int pos = incl - cnt, total = 0;

@@ -143,30 +143,10 @@ __device__ __forceinline__ void sort_batch_hits(SortedSmem<SURF, T, Acc, WIDE>& 
       sm.cursor[ww][t] = run;
       run += c;
     }
-    sm.row_start[t + 1] = run;
+    sm.row_start[t] = run;  // the row's total, until the prefix below
   }
   __syncthreads();
-  if (warp == 0) {  // lane l: rows [kRowsPerLane l, kRowsPerLane (l + 1))
-    int tot[kRowsPerLane], sum = 0;
-#pragma unroll
-    for (int r = 0; r < kRowsPerLane; ++r) {
-      tot[r] = sm.row_start[kRowsPerLane * lane + r + 1];
-      sum += tot[r];
-    }
-    int incl = sum;
-#pragma unroll
-    for (int o = 1; o < 32; o *= 2) {
-      const int y = __shfl_up_sync(0xffffffffu, incl, o);
-      incl += lane >= o ? y : 0;
-    }
-    int run = incl - sum;
-#pragma unroll
-    for (int r = 0; r < kRowsPerLane; ++r) {
-      run += tot[r];
-      sm.row_start[kRowsPerLane * lane + r + 1] = run;
-    }
-    if (lane == 0) sm.row_start[0] = 0;
-  }
+  if (warp == 0) warp_exclusive_prefix<kRowsPerLane>(sm.row_start, kRows, lane);
   __syncthreads();
   if (t < kRows) {
     const int s = sm.row_start[t];

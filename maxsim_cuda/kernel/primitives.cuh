@@ -150,6 +150,39 @@ __device__ __forceinline__ double quiet_nan<double>() {
   return __longlong_as_double(0x7ff8000000000000LL);
 }
 
+// Inclusive prefix sum of v over the warp's lanes, lane 0 first (every lane takes part).
+__device__ __forceinline__ int warp_inclusive_sum(int v, int lane) {
+#pragma unroll
+  for (int o = 1; o < 32; o *= 2) {
+    const int y = __shfl_up_sync(0xffffffffu, v, o);
+    v += lane >= o ? y : 0;
+  }
+  return v;
+}
+
+// Exclusive prefix of v[0, n) in place and the total in v[n] (n <= 32 * kPerLane), by one
+// warp, lane l taking entries [kPerLane l, kPerLane (l + 1)); shared memory, so the caller's
+// barrier publishes it.
+template <int kPerLane>
+__device__ __forceinline__ void warp_exclusive_prefix(int* v, int n, int lane) {
+  int x[kPerLane], sum = 0;
+#pragma unroll
+  for (int r = 0; r < kPerLane; ++r) {
+    const int s = kPerLane * lane + r;
+    x[r] = s < n ? v[s] : 0;
+    sum += x[r];
+  }
+  const int incl = warp_inclusive_sum(sum, lane);
+  int run = incl - sum;
+#pragma unroll
+  for (int r = 0; r < kPerLane; ++r) {
+    const int s = kPerLane * lane + r;
+    if (s < n) v[s] = run;
+    run += x[r];
+  }
+  if (lane == 31) v[n] = incl;
+}
+
 // The value lane 0 holds, for every lane: ptxas then treats it as warp-uniform, so a branch
 // on it needs no divergence bookkeeping (BSSY / BSYNC) and, around wgmma, no serialisation
 // (see hopper_consume). For values every lane already holds alike, e.g. a broadcast read.
