@@ -253,6 +253,33 @@ def test_grad_documents_binned_by_default(ms, monkeypatch, surface):
     scan_and_sorted_agree(ms, monkeypatch, case, gen, launches="bin_hits_kernel")
 
 
+@pytest.mark.parametrize("surface", ["contrastive", "contrastive_padded"])
+def test_grad_documents_binned_many_slots(ms, monkeypatch, surface):
+    """The binning's placing pass with tens of grid slots and several chunks of entries: at
+    16-row windows the call has 44 slots a document (packed documents, by their average
+    length; the 2,000-row segment takes three laps of them) or 125 (padded to 2,000 rows), many
+    empty in any one chunk of 2,048 entries, so the write-out's search over the slots' staging
+    starts meets long runs of equal starts; 20 queries of 300 rows are three chunks. The scan
+    kernel's bits and the float64 reference."""
+    gen = torch.Generator().manual_seed(55)
+    case = make_contrastive(gen, 20, 300, [2000, 3, 0, 1500, 17], 128, dtype=torch.bfloat16, device=CUDA)
+    if surface == "contrastive_padded":
+        case = as_padded_documents(case)
+    g = unit(gen, *case.score_shape).to(CUDA)
+    grads = {}
+    for kernel, binned in (("scan", "0"), ("sorted", "1")):
+        monkeypatch.setenv("MAXSIM_CUDA_GRAD_D", kernel)
+        monkeypatch.setenv("MAXSIM_CUDA_GRAD_D_ROWS", "16")
+        monkeypatch.setenv("MAXSIM_CUDA_GRAD_D_BINNED", binned)
+        (_, _, grads[kernel]), names = kernel_names(lambda: run_train(ms, case, g, need_q=False))
+        if kernel == "sorted":
+            assert any("bin_hits_kernel" in n for n in names), names
+    assert torch.equal(grads["scan"], grads["sorted"])
+    _, ed, _, bd = expected_grads(case, g, case.call(ms, "_with_argmax")[1])
+    assert_grads(grads["sorted"], ed, bd, torch.bfloat16)
+    assert grads["sorted"].abs().sum() > 0
+
+
 @pytest.mark.parametrize("surface", SURFACES)
 def test_thousands_of_candidates(ms, surface):
     gen = torch.Generator().manual_seed(11)
