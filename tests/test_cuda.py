@@ -206,6 +206,33 @@ def test_grad_documents_kernels_agree(ms, monkeypatch, surface, dtype, dim, skew
     assert grads["sorted", "0"].abs().sum() > 0
 
 
+@pytest.mark.parametrize("shape", [(24, 32), (769, 1), (32, 32), (1025, 1), (48, 32), (64, 32), (2049, 1),
+                                   (96, 33)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64], ids=str)
+def test_grad_documents_batch_boundaries(ms, monkeypatch, shape, dtype):
+    """Contrastive documents whose entry count (queries x query rows) is one batch of the
+    sorted kernel, one entry past it, or whole and ragged multiples: 1,024 is the 192-row
+    kernel's batch and float64's, 2,048 the 128-row kernel's for 16-bit queries. Each warp's
+    run of hits then ends at every offset of the apply's half-groups. The scan kernel's bits
+    in both sorted kernels (184-row windows: the 192-row one; 128: the narrow one, two windows
+    of the 150-row document), and the float64 reference."""
+    nq, lq = shape
+    gen = torch.Generator().manual_seed(nq * 64 + lq)
+    case = make_contrastive(gen, nq, lq, [180, 1, 0, 37, 150], 128, dtype=dtype, device=CUDA, q_lens=None)
+    g = unit(gen, *case.score_shape).to(CUDA)
+    grads = {}
+    for kernel, rows in (("scan", "0"), ("sorted", "128"), ("sorted", "184")):
+        monkeypatch.setenv("MAXSIM_CUDA_GRAD_D", kernel)
+        monkeypatch.setenv("MAXSIM_CUDA_GRAD_D_ROWS", rows)
+        monkeypatch.setenv("MAXSIM_CUDA_GRAD_D_BINNED", "0")
+        _, _, grads[kernel, rows] = run_train(ms, case, g, need_q=False)
+    for rows in ("128", "184"):
+        assert torch.equal(grads["scan", "0"], grads["sorted", rows]), rows
+    _, ed, _, bd = expected_grads(case, g, case.call(ms, "_with_argmax")[1])
+    assert_grads(grads["sorted", "184"], ed, bd, dtype)
+    assert grads["sorted", "184"].abs().sum() > 0
+
+
 def scan_and_sorted_agree(ms, monkeypatch, case, gen, launches=None):
     """grad_documents of a bfloat16 contrastive case by the scan kernel and by the sorted one
     as the host configures it by default: the same bits, and the float64 reference; the
