@@ -1,9 +1,10 @@
 """Fixed cost of small padded calls: GPU time per call (CUDA graphs, us) of maxsim by its default
 rule, with the mma.sync or the sm_90a kernel forced and without PDL, against late-interaction-
-kernels (`lik`), over candidates per query (C) and document lengths (Ld) at B 32, Lq 32, dim
-128, and a one-element torch op as the graph's floor. Run on the GPU machine after a build:
+kernels (`lik`), over candidates per query (C) and document lengths (Ld) at B 32 (or B given as
+C:Ld:B), Lq 32, dim 128, and a one-element torch op as the graph's floor. Run on the GPU machine
+after a build (`source tools/device/setup.sh` first: the carried wheels):
 
-  python3 tools/device/probe_small.py [--shapes C:Ld,C:Ld,...] [--variants default,nopdl,lik,...]
+  python3 tools/device/probe_small.py [--shapes C:Ld,C:Ld:B,...] [--variants default,nopdl,lik,...]
 
 Each call is replayed on the same documents, as compare.py does, so documents of a few tens of
 MB partly stay in L2 between replays. --sets N also times every variant rotating over N
@@ -50,7 +51,8 @@ def us(fn) -> float:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shapes", help="C:Ld pairs, comma-separated (default: SHAPES)")
+    ap.add_argument("--shapes", help="C:Ld pairs, or C:Ld:B for another batch than 32, comma-separated "
+                    "(default: SHAPES)")
     ap.add_argument("--variants", help="names from VARIANTS and lik, comma-separated (default: all)")
     ap.add_argument("--sets", type=int, default=0, help="also time rotating over this many document sets")
     ap.add_argument("--once", action="store_true", help="call each twice, time nothing (for ncu)")
@@ -65,15 +67,16 @@ def main():
     x = torch.zeros(16, device="cuda")
     if not args.once:
         print(json.dumps({"torch add_ (floor)": us(lambda: x.add_(1.0))}))
-    B, Lq, D = 32, 32, 128
+    Lq, D = 32, 128
     unit = lambda *shape: torch.nn.functional.normalize(  # noqa: E731
         torch.randn(*shape, D, device="cuda", generator=gen), dim=-1).half()
-    for C, Ld in shapes:
+    for C, Ld, *rest in shapes:
+        B = rest[0] if rest else 32
         q = unit(B, Lq)
         docs = [unit(B, C, Ld) for _ in range(max(args.sets, 1))]
         ql = torch.full((B,), Lq, device="cuda", dtype=torch.int32)
         dl = torch.full((B, C), Ld, device="cuda", dtype=torch.int32)
-        row = {"C": C, "Ld": Ld}
+        row = {"C": C, "Ld": Ld} if B == 32 else {"C": C, "Ld": Ld, "B": B}
         for name in wanted:
             if name == "lik":
                 call, env = (lambda d: lik.maxsim(q, d, None, None)), {}  # noqa: B023
