@@ -170,7 +170,7 @@ def grad_documents_case(surface, gen, dtype, dim):
     return as_padded_documents(case) if surface == "contrastive_padded" else case
 
 
-@pytest.mark.parametrize("skew", [False, True], ids=["even", "skewed"])
+@pytest.mark.parametrize("skew", [0, 4, 50], ids=["even", "skewed", "heavy"])
 @pytest.mark.parametrize("dim", [128, 200, 36])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("surface", SURFACES)
@@ -182,13 +182,15 @@ def test_grad_documents_kernels_agree(ms, monkeypatch, surface, dtype, dim, skew
     three laps of the grid's slots, at 128 one window takes two batches): the same bits (all
     add a row's contributions in entry order), and the float64 reference. Skewed: every fifth
     document row scaled by 4 takes most argmaxes, so the sorted kernel meets rows of many hits
-    (groups inside one row) beside rows of one or none (groups that cross rows)."""
-    gen = torch.Generator().manual_seed(dim * 31 + len(surface) + 7 * skew)
+    (groups inside one row) beside rows of one or none (groups that cross rows). Heavy: every
+    37th row scaled by 50, so a few rows take most of a batch's hits and the warps' shares of
+    the list (batch_rows) fall on very uneven blocks of rows, some of them empty."""
+    gen = torch.Generator().manual_seed(dim * 31 + len(surface) + 7 * (skew > 0) + skew // 50)
     case = grad_documents_case(surface, gen, dtype, dim)
     if skew:
         d = case.documents.clone()
         rows = d.view(-1, d.shape[-1])
-        rows[::5] *= 4
+        rows[::5 if skew == 4 else 37] *= skew
         case = case.with_qd(case.queries, d)
     g = unit(gen, *case.score_shape).to(CUDA)
     grads = {}

@@ -94,6 +94,29 @@ def backward_raw(ms, name, grad):
     return lambda: backward(want_q, not want_q)[0 if want_q else 1]
 
 
+def backward_raw_skewed(ms, name):
+    """grad_documents alone of a training workload on a skewed argmax: in each document a
+    query token picks row perm[floor(len * u^2)] (u uniform, perm a random permutation of the
+    document's rows), so that a few rows take most of the hits, as real ColBERT argmaxes
+    concentrate on some tokens, and the popular rows fall anywhere in the document. The
+    random embeddings of compare.py spread argmaxes evenly; this row is the uneven case."""
+    ops = ms._ops.ops
+    x = W.build_inputs(W.WORKLOADS[name], "cuda")
+    q, d, off, ql, g = x.queries, x.documents_packed, x.document_offsets, x.query_lengths, x.grad_weights
+    _, argmax = ops.contrastive_forward(q, d, off, ql, True)
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    lens = (off[1:] - off[:-1]).long()                                    # [Nb]
+    width = int(lens.max())
+    keys = torch.rand(lens.numel(), width, device="cuda", generator=gen)
+    keys = keys.masked_fill(torch.arange(width, device="cuda") >= lens[:, None], 2.0)
+    perm = keys.argsort(dim=1)                                            # rows < len come first
+    u = torch.rand(argmax.shape, device="cuda", generator=gen)
+    pos = (u * u * lens.view(1, -1, 1)).long().clamp_max(lens.view(1, -1, 1) - 1).clamp_min(0)
+    picked = perm.unsqueeze(0).expand(argmax.shape[0], -1, -1).gather(2, pos)
+    skewed = torch.where(argmax >= 0, picked, -1).to(argmax.dtype).contiguous()
+    return lambda: ops.contrastive_backward(g, q, d, off, ql, skewed, False, True)[1]
+
+
 def grad_documents_public(ms, name, layout):
     """Forward + grad_documents through a `_train` entry point (queries without a gradient)."""
     x = W.build_inputs(W.WORKLOADS[name], "cuda", layout=layout)
@@ -135,6 +158,8 @@ GRAD_DOCUMENTS = [
      lambda ms: backward_raw(ms, "BigColBERT", "documents")),
     ("DocDoc grad_documents, unbinned", {"MAXSIM_CUDA_GRAD_D_BINNED": "0"},
      lambda ms: backward_raw(ms, "DocDoc", "documents")),
+    *((f"{n} grad_documents, skewed argmax", {}, lambda ms, n=n: backward_raw_skewed(ms, n))
+      for n in ("BigColBERT", "DocDoc")),
     *((f"{n} {lay} forward + grad_documents", {}, lambda ms, n=n, lay=lay: grad_documents_public(ms, n, lay))
       for n, lay in (("Rerank", "ragged"), ("HeavyRerank", "full"), ("RerankPacked", "ragged"),
                      ("ColPaliRerankPacked", "ragged"))),
