@@ -8,9 +8,10 @@
 // This harness has no maxsim in it: a memory-bound kernel of the same shape (each CTA streams
 // its own 256 KB, dynamic shared memory caps two CTAs an SM), launched K times back to back in
 // a CUDA graph with and without programmatic stream serialisation, the dependent signal at
-// the CTA's start, three quarters through its loads, or its exit. Every CTA stamps its SM and
-// its start and end (%globaltimer), so each line says how a launch's CTAs were spread (the
-// most CTAs any SM held, the SMs that held none) beside its time a call. Torch-free; on the GPU
+// the CTA's start, three quarters through its loads, or its exit. Every CTA stamps its SM, when
+// it became resident, when griddepcontrol.wait let it go and when it ended (%globaltimer), so
+// each line says how a launch's CTAs were spread (the most CTAs any SM held, the SMs that held
+// none) and how long they sat resident early, beside its time a call. Torch-free; on the GPU
 // machine:
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/pdl_placement tools/device/pdl_placement.cu
@@ -34,7 +35,7 @@ constexpr int kSets = 4;
 
 struct Stamp {
   unsigned sm;
-  unsigned long long t0, t1;
+  unsigned long long resident, t0, t1;  // on the SM; past griddepcontrol.wait; done
 };
 
 __device__ __forceinline__ unsigned long long global_ns() {
@@ -55,8 +56,9 @@ template <int SIGNAL>
 __global__ void __launch_bounds__(kThreads) stream_kernel(const uint4* __restrict__ slices, int slice0,
                                                            Stamp* __restrict__ stamps, uint4* __restrict__ sink) {
   extern __shared__ unsigned char occupancy_only[];  // sized by the host: two CTAs an SM
-  const unsigned long long t0 = global_ns();
+  const unsigned long long resident = global_ns();
   asm volatile("griddepcontrol.wait;" ::: "memory");
+  const unsigned long long t0 = global_ns();
   if constexpr (SIGNAL == 0) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   constexpr int kIters = kSliceBytes / (kThreads * 16);  // 64
   const uint4* src = slices + (int64_t(slice0) + blockIdx.x) * (kSliceBytes / 16) + threadIdx.x;
@@ -74,7 +76,7 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const uint4* __restric
   }
   if (acc.x == 0x9e3779b9u && acc.y == 0x7f4a7c15u) sink[threadIdx.x] = acc;  // never, in practice
   __syncthreads();
-  if (threadIdx.x == 0) stamps[blockIdx.x] = Stamp{sm_id(), t0, global_ns()};
+  if (threadIdx.x == 0) stamps[blockIdx.x] = Stamp{sm_id(), resident, t0, global_ns()};
 }
 
 using Kernel = void (*)(const uint4*, int, Stamp*, uint4*);
@@ -158,8 +160,10 @@ int main() {
           std::sort(times.begin(), times.end());
           CUDA_CHECK(cudaMemcpy(host.data(), stamps, host.size() * sizeof(Stamp), cudaMemcpyDeviceToHost));
           // Per launch after the first four: the most CTAs one SM ran, the SMs that ran none,
-          // and the span from its first CTA's start to its last CTA's end.
-          double most = 0, idle = 0, span = 0, gap = 0;
+          // the span from its first CTA's start (past the wait) to its last CTA's end, how
+          // long its CTAs sat resident before the wait let them go, and the time from the
+          // previous launch's last end to this one's (the period a call costs).
+          double most = 0, idle = 0, span = 0, gap = 0, waited = 0;
           int counted = 0;
           unsigned long long prev_end = 0;
           for (int l = 4; l < kLaunches; ++l) {
@@ -170,6 +174,7 @@ int main() {
               per[std::min<unsigned>(st.sm, unsigned(sms))]++;
               first = std::min(first, st.t0);
               last = std::max(last, st.t1);
+              waited += double(st.t0 - st.resident) / 1000.0 / grid;
             }
             most += *std::max_element(per.begin(), per.begin() + sms);
             idle += std::count(per.begin(), per.begin() + sms, 0);
@@ -180,9 +185,9 @@ int main() {
           }
           std::printf("{\"grid\": %d, \"sms\": %d, \"sets\": %d, \"pdl\": %d, \"signal\": \"%s\", "
                       "\"us_per_call\": %.2f, \"most_ctas_an_sm\": %.2f, \"idle_sms\": %.1f, "
-                      "\"span_us\": %.2f, \"end_to_end_us\": %.2f}\n",
+                      "\"span_us\": %.2f, \"resident_before_start_us\": %.2f, \"end_to_end_us\": %.2f}\n",
                       grid, sms, sets, pdl, pdl ? signal_names[sig] : "none", times[times.size() / 2],
-                      most / counted, idle / counted, span / counted, gap / (counted - 1));
+                      most / counted, idle / counted, span / counted, waited / counted, gap / (counted - 1));
           std::fflush(stdout);
           CUDA_CHECK(cudaGraphExecDestroy(ge));
           CUDA_CHECK(cudaGraphDestroy(g));
