@@ -16,7 +16,8 @@ from conftest import REPO_ROOT, _load_source_module
 CLI = _load_source_module("maxsim_device_cli", REPO_ROOT / "tools" / "device" / "cli.py")
 
 SUBCOMMANDS = (["suite"], ["sanitize"], ["bench", "compare"], ["bench", "compressed"],
-               ["bench", "residual"], ["bench", "compat"], ["bench", "distributed"], ["ab"], ["profile"], ["wheels"])
+               ["bench", "residual"], ["bench", "compat"], ["bench", "distributed"], ["ab"], ["profile"], ["script"],
+               ["wheels"])
 
 
 @pytest.mark.parametrize("words", [[]] + [list(w) for w in SUBCOMMANDS], ids=" ".join)
@@ -200,6 +201,22 @@ def test_patched_tree_copies_the_sources_and_applies_the_patch(monkeypatch, tmp_
     assert not (tmp_path / "c" / "build").exists()
     (root / "c.patch").write_text("--- a/src/k.cuh\n+++ b/src/k.cuh\n@@ -1 +1 @@\n-int a = 9;\n+int a = 2;\n")
     assert CLI.patched_tree(Path("c.patch"), tmp_path / "c") != 0   # a patch that no longer applies
+
+
+def test_script_runs_a_device_script_after_setup_with_its_arguments(monkeypatch, capsys):
+    monkeypatch.setattr(CLI, "DRY_RUN", False)
+    seen, setups = [], []
+    monkeypatch.setattr(CLI, "run", lambda cmd, **kw: seen.append((cmd, kw)) or 0)
+    monkeypatch.setattr(CLI, "setup", lambda args, **kw: setups.append(args.no_build) or 0)
+    assert CLI.main(["script", "probe_small.py", "--no-build", "--", "--shapes", "5:1024:30", "--sets", "4"]) == 0
+    (cmd, kw), = seen
+    assert [str(c) for c in cmd[1:]] == ["tools/device/probe_small.py", "--shapes", "5:1024:30", "--sets", "4"]
+    assert kw["log"] == "probe_small.log" and setups == [True]
+    seen.clear()
+    for bad in ("nothing_here.py", "../compare.py", "gather_ceiling.cu"):   # refused before any setup
+        assert CLI.main(["script", bad]) == 2
+    assert not seen and setups == [True]
+    assert "is not a Python script" in capsys.readouterr().out
 
 
 def test_no_build_still_builds_a_missing_cpu_variant(monkeypatch):

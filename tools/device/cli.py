@@ -12,6 +12,7 @@ tomlkit and the two peers, which `wheels` downloads here). For example, one devi
   python3 tools/device/cli.py bench residual          # compare.py's residual-document rows
   python3 tools/device/cli.py ab --base .base         # A/B against a carried copy of a tree
   python3 tools/device/cli.py profile kernels split --ncu HeavyRerank-full:call:maxsim_forward
+  python3 tools/device/cli.py script probe_small.py -- --shapes 5:1024 --sets 4
 
 Every subcommand but `wheels` first sources tools/device/setup.sh (installs .whl/*.whl into
 /tmp/site and puts it on PYTHONPATH; OUT defaults to /tmp/out), prints the GPU, and builds
@@ -603,6 +604,21 @@ def cmd_profile(args) -> int:
     return status
 
 
+def cmd_script(args) -> int:
+    """Build, then one of tools/device's Python scripts (probe_small.py, probe_wide.py,
+    probe_cold.py, repeat_bytes.py, ...) in setup.sh's environment, so that it imports the
+    carried wheels (run bare, `import kernels` fails there), with the arguments after `--`.
+    Log: $OUT/<script's stem>.log, its last lines printed."""
+    script = DEVICE / args.script
+    if script.suffix != ".py" or script.parent != DEVICE or not (ROOT / script).is_file():
+        print(f"cli.py script: {args.script!r} is not a Python script in {DEVICE}", flush=True)
+        return 2
+    if (rc := setup(args)) != 0:
+        return rc
+    return note(run([sys.executable, script, *args.script_args], log=f"{script.stem}.log", tail=40,
+                    timeout=args.timeout), args.script)
+
+
 # ---- wheels --------------------------------------------------------------------------------
 
 def cmd_wheels(args) -> int:
@@ -730,6 +746,10 @@ def parser() -> argparse.ArgumentParser:
                    help="run the probes once per variant (repeatable)")
     add_ncu_options(q)
 
+    q = add(sub, "script", cmd_script, "build, then a tools/device script (probes) with its arguments")
+    q.add_argument("script", metavar="SCRIPT", help="a file name in tools/device, e.g. probe_small.py")
+    q.add_argument("script_args", nargs="*", metavar="-- ARGS", help="passed to the script")
+
     q = sub.add_parser("wheels", help="(here, with network) the wheels the GPU machine needs",
                        description=cmd_wheels.__doc__, formatter_class=fmt)
     q.add_argument("--compat", action="store_true", help="also the compat folders for bench compat")
@@ -756,7 +776,7 @@ def main(argv=None) -> int:
     # Arguments after `--` belong to pytest / compare.py, whatever they look like.
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     args = parser().parse_args(argv[:argv.index("--")] if "--" in argv else argv)
-    for name in ("pytest_args", "compare_args"):
+    for name in ("pytest_args", "compare_args", "script_args"):
         if hasattr(args, name):
             setattr(args, name, getattr(args, name) + extra)
     DRY_RUN = args.dry_run
