@@ -637,6 +637,17 @@ FIRST_TILE_AHEAD = [
                     ("RerankD256", "full", " (control: streamed)"))),
 ]
 
+# The sm_90a producers' dependent-launch signal (2026-12-01): long documents at grids of one to
+# ~1.75 CTAs an SM, where the early signal crowded the next call's CTAs (C 5 / 6 at Ld 768+);
+# then the grids around the band and shorter steps, where the signal should stay early.
+LATE_SIGNAL = [
+    *padded_rows([shape_row(32, C, 32, 1024) for C in (2, 4, 5, 6, 7, 8)]),
+    *padded_rows([shape_row(32, 5, 32, Ld) for Ld in (300, 512, 768, 1536, 2048)]),
+    *padded_rows([shape_row(1, 1, 32, 4096), shape_row(32, 5, 32, 1024, dtype=torch.bfloat16)]),
+    *workload_rows((("LongDocStress", "full"), ("HeavyRerank", "full"), ("ColPaliRerank", "full"),
+                    ("LongDocStressPacked", "ragged"))),
+]
+
 GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESIDUAL_PAIRS),
           "grad_documents": GRAD_DOCUMENTS, "bytes": BYTES, "query_load": QUERY_LOAD, "epilogue": EPILOGUE,
           "grad_queries": GRAD_QUERIES, "bytes_lq64": BYTES_LQ64, "tail_window": TAIL_WINDOW,
@@ -648,7 +659,7 @@ GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESI
           "residual_pieces": RESIDUAL_PIECES, "index_ahead": INDEX_AHEAD,
           "three_ctas": THREE_CTAS, "three_ctas_few_steps": THREE_CTAS_FEW_STEPS,
           "three_ctas_two_queries": THREE_CTAS_TWO_QUERIES, "wide_rule": WIDE_RULE,
-          "first_tile_ahead": FIRST_TILE_AHEAD}
+          "first_tile_ahead": FIRST_TILE_AHEAD, "late_signal": LATE_SIGNAL}
 
 
 def equal(a, b):
