@@ -3,6 +3,7 @@ from it; tools/build.py stages exactly those files). These tests run without a b
 from __future__ import annotations
 
 import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -87,3 +88,16 @@ def test_the_spill_check_holds_to_the_known_list(tmp_path):
         f"no longer spills (remove it from known_spills.txt): {b90}"]
     grown = a80.replace("8 bytes spill stores", "12 bytes spill stores")
     assert len(BUILD_TOOL.spill_problems([grown, b90], ["8.0", "9.0a"], known)) == 2
+
+
+def test_gencode_targets():
+    """'X.Y' is SASS, '+PTX' adds the PTX the driver can JIT, and 'X.Y@A.B' compiles the
+    compute_XY code into sm_AB SASS (the Ampere path on a Hopper card, no JIT at load)."""
+    assert BUILD_TOOL.gencode_flags(["8.0", "9.0a"]) == [
+        "-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90a,code=sm_90a"]
+    assert BUILD_TOOL.gencode_flags(["8.0+PTX"]) == ["-gencode=arch=compute_80,code=[sm_80,compute_80]"]
+    assert BUILD_TOOL.gencode_flags(["8.0@9.0"]) == ["-gencode=arch=compute_80,code=sm_90"]
+    # ptxas names such a kernel's target sm_90: the spill list is read for that target
+    spill = "maxsim_cuda/a.cu: sm_90 _Z1av: 4 bytes spill stores, 4 bytes spill loads"
+    assert BUILD_TOOL.spill_problems([spill], ["8.0@9.0"], Path("/nonexistent")) == [
+        f"spills (not in nonexistent): {spill}"]

@@ -86,7 +86,7 @@ def test_suite_builds_the_ampere_variant_behind_the_tests_and_runs_it_later(monk
     monkeypatch.setattr(CLI.subprocess, "Popen", Build)
     assert CLI.main(["suite", "--files", "tests/test_hopper.py", "--ampere-behind", "build/ampere"]) == 0
     (build,), ((cmd, kw),) = started, seen
-    assert build[build.index("--archs") + 1] == "8.0+PTX" and build[-1] == str(CLI.ROOT / "build/ampere/build")
+    assert build[build.index("--archs") + 1] == "8.0@9.0" and build[-1] == str(CLI.ROOT / "build/ampere/build")
     assert "MAXSIM_TEST_AMPERE" not in kw["env"]          # the variant is not there yet
     seen.clear()
     assert CLI.main(["suite", "--ampere-root", "build/ampere", "--files", "tests/test_cuda.py", "--", "-k",

@@ -129,7 +129,7 @@ def write_package(variant_dir: Path, namespace: str, general: dict, backend: str
     )
     backend_meta: dict = {"type": backend}
     if backend == "cuda":
-        backend_meta["archs"] = [c.replace("+PTX", "") for c in capabilities]
+        backend_meta["archs"] = [c.split("@")[-1].replace("+PTX", "") for c in capabilities]
     metadata = {
         "name": general["name"],
         "id": namespace,
