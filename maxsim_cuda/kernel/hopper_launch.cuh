@@ -297,6 +297,22 @@ inline bool hopper_streamed_wanted(const ForwardParams& p) {
   return p.dim > 128 && hopper_wanted(p) && hopper_applies(p);
 }
 
+// Whether the producers signal the next grid after their last load (true) or let it launch at
+// their CTA's exit. An early signal lets the next call's CTAs become resident while this grid's
+// last CTAs still run, on whichever SMs have room at that moment; with a grid of one to ~1.75
+// CTAs an SM, the SMs holding two of this grid's CTAs are full then, so the next grid lands
+// doubled on the others and leaves SMs idle at its end (tools/device/pdl_placement.cu: 14-49 of
+// 132 SMs idle, 1.3-1.9x the time a call at 135-192 CTAs; signalled at exit, none idle and
+// 2-5% faster than without PDL). That costs more than the early launch saves only when a step
+// is long (rows of 768+: C 5 / Ld 1,024 16.6 us with the early signal, 11.0 without PDL; at
+// Ld <= 512 the early signal gains at every C measured; maxsim_cuda/NOTES.md, "Long documents
+// at five to six candidates").
+constexpr int64_t kLateSignalMinDocRows = 768;
+inline bool signal_dependents_early(const ForwardParams& p, int64_t ctas) {
+  const bool crowded_band = ctas > p.num_sms && 4 * ctas < 7 * int64_t(p.num_sms);
+  return !(crowded_band && average_doc_rows(p) >= kLateSignalMinDocRows);
+}
+
 // The launch the sm_90a kernels share (maps: their tensor maps, passed on as kernel
 // arguments; the kernel is a template argument: the occupancy cache below is per kernel).
 // run: on a strided walk, about how many consecutive steps a CTA takes at a time (1: every
@@ -340,6 +356,7 @@ cudaError_t launch_hopper(const ForwardParams& p, const Policy& pol, const Epilo
     err = scratch_alloc(reinterpret_cast<void**>(&hp.partial), partial_bytes, p.stream);
     if (err != cudaSuccess) return err;
   }
+  hp.signal_early = signal_dependents_early(p, ctas);
   ran = true;
   err = launch_programmatic<kKernel>(static_cast<unsigned>(ctas), Shape::kThreads, smem, p.stream, hp, maps...);
   if (partial_bytes > 0) {

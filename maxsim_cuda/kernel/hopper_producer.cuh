@@ -276,8 +276,10 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
   }
   // The next call's CTAs may take the SM slots this grid's leave from here on. Signalled at
   // the producer's start instead, the one-query rerank's byte-kernel rows ran 2-5% slower with
-  // PDL than without (H100, 2026-11-26); signalled here, 0.5-5% faster.
-  allow_dependent_grids();
+  // PDL than without (H100, 2026-11-26); signalled here, 0.5-5% faster. Not where the host
+  // says the early launch would crowd the next grid (launch_hopper): then the signal is the
+  // CTA's exit.
+  if (hp.signal_early) allow_dependent_grids();
 }
 
 }  // namespace kernel

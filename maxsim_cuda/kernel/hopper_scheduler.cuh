@@ -40,6 +40,7 @@ struct HopperParams {
   int kchunks;         // streamed shapes: 64-column K-chunks per tile (ceil(dim / 64))
   float* partial;      // nchunks > 1: [Nq * nchunks, Nb] chunk sums
   EpilogueArgs ep;
+  bool signal_early;   // the producer lets the next grid launch after its last load (else at exit)
 };
 
 // First query row of block b.
