@@ -597,6 +597,41 @@ def test_sm90a_kernel_runs_and_matches_mma_sync(ops, monkeypatch, surface, fmt, 
         assert torch.equal(got["1"][0], got["0"][0]) and torch.equal(got["1"][1], got["0"][1]), (qdtype, dim, lq)
 
 
+@pytest.mark.parametrize("tile", ("64", "128"))
+@pytest.mark.parametrize("lq", (32, 64))
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_sm90a_kernel_never_reads_padding_rows(ops, monkeypatch, fmt, lq, tile):
+    """Padded calls of one step a CTA, whose producer loads a CTA's first document tile before
+    it has read the document's length (the padded Ld's rows): the rows past each document hold
+    the format's largest values under huge positive scales, so one such row reaching a max
+    would win it. Documents of every length class lead a CTA: empty, a few rows, one row short
+    of a 64 / 128-row tile, exactly a tile, longer; Ld below and above a tile."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel needs sm_90a")
+    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_BYTES", "1")
+    monkeypatch.setenv("MAXSIM_CUDA_HOPPER_BYTES_TILE", tile)
+    big = {"int8": 127.0, "e4m3": 448.0}[fmt]
+    for ld, lens in ((40, (0, 3, 39, 40, 17, 1)), (200, (0, 5, 63, 64, 127, 128, 129, 200, 1))):
+        gen = torch.Generator().manual_seed(ld + lq)
+        case = Case("padded", fmt, torch.float16, 128, lq, gen, ld=ld)
+        B, C = case.v.shape[:2]
+        dl = torch.tensor([lens[i % len(lens)] for i in range(B * C)]).view(B, C)
+        case.dl = dl
+        case.index = (case.ql, dl)
+        # the queries all positive, so the largest positive values are the largest products
+        case.q = case.q.abs()
+        case.pairs = []
+        for b in range(B):
+            for c in range(C):
+                dn = int(dl[b, c])
+                case.v[b, c, dn:] = torch.tensor(big).to(FORMATS[fmt])
+                case.s[b, c, dn:] = 1.0e6
+                case.pairs.append((b * C + c, case.q[b, :int(case.ql[b])], case.v[b, c, :dn], case.s[b, c, :dn], True))
+        (scores, argmax), names = kernel_names(lambda: run_case(ops, case, check_backward=False))
+        assert any("hopper_bytes" in n for n in names), sorted(names)
+        assert torch.isfinite(scores).logical_or(scores == float("-inf")).all(), scores
+
+
 @pytest.mark.parametrize("surface", ("padded", "packed"))
 def test_sm90a_kernel_takes_every_query_length_by_default(ops, monkeypatch, surface):
     """Without knobs the wgmma kernel takes short and long queries at any document length

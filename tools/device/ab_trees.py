@@ -648,6 +648,25 @@ LATE_SIGNAL = [
                     ("LongDocStressPacked", "ragged"))),
 ]
 
+# A CTA's first tile ahead of its lengths on the byte kernel (2026-12-02): the padded calls of
+# one step a CTA in int8 (Lq 32 at both tile heights, Lq 64 on the split shape), e4m3 beside
+# the longest; then calls of many steps a CTA and the packed grid, which the change leaves.
+BYTES_FIRST_TILE = [
+    *((f"{n} {lay} {fmt}", {}, lambda ms, n=n, lay=lay, f=fmt: workload_call(ms, n, lay, f))
+      for n, lay, fmt in (("SmallRerank", "full", "int8"), ("SmallRerank", "ragged", "int8"),
+                          ("LongDocStress", "full", "int8"), ("LongDocStress", "ragged", "int8"),
+                          ("LongDocStress", "full", "float8_e4m3fn"))),
+    *padded_rows([
+        ("32 x 1, Lq 32, Ld 180, int8 (32 steps)", {}, (32, 1, 32, 180, 128), torch.float16, "int8"),
+        ("32 x 5, Lq 32, Ld 180, int8 (160 steps)", {}, (32, 5, 32, 180, 128), torch.float16, "int8"),
+        ("32 x 10, Lq 32, Ld 64, int8", {}, (32, 10, 32, 64, 128), torch.float16, "int8"),
+        ("8 x 16, Lq 64, Ld 256, int8 (split shape)", {}, (8, 16, 64, 256, 128), torch.float16, "int8"),
+        ("32 x 10, Lq 32, Ld 1030, int8 (128-row tiles)", {}, (32, 10, 32, 1030, 128), torch.float16, "int8"),
+    ]),
+    *((f"{n} {lay} int8 (control)", {}, lambda ms, n=n, lay=lay: workload_call(ms, n, lay, "int8"))
+      for n, lay in (("SingleQueryRerank", "full"), ("HeavyRerank", "full"), ("LongDocStressPacked", "ragged"))),
+]
+
 GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESIDUAL_PAIRS),
           "grad_documents": GRAD_DOCUMENTS, "bytes": BYTES, "query_load": QUERY_LOAD, "epilogue": EPILOGUE,
           "grad_queries": GRAD_QUERIES, "bytes_lq64": BYTES_LQ64, "tail_window": TAIL_WINDOW,
@@ -659,7 +678,8 @@ GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESI
           "residual_pieces": RESIDUAL_PIECES, "index_ahead": INDEX_AHEAD,
           "three_ctas": THREE_CTAS, "three_ctas_few_steps": THREE_CTAS_FEW_STEPS,
           "three_ctas_two_queries": THREE_CTAS_TWO_QUERIES, "wide_rule": WIDE_RULE,
-          "first_tile_ahead": FIRST_TILE_AHEAD, "late_signal": LATE_SIGNAL}
+          "first_tile_ahead": FIRST_TILE_AHEAD, "late_signal": LATE_SIGNAL,
+          "bytes_first_tile": BYTES_FIRST_TILE}
 
 
 def equal(a, b):
