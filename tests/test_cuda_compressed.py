@@ -616,6 +616,7 @@ def test_sm90a_kernel_never_reads_padding_rows(ops, monkeypatch, fmt, lq, tile):
         case = Case("padded", fmt, torch.float16, 128, lq, gen, ld=ld)
         B, C = case.v.shape[:2]
         dl = torch.tensor([lens[i % len(lens)] for i in range(B * C)]).view(B, C)
+        case.ql = torch.tensor([lq, lq // 2 + 1, lq - 3])  # no empty query: every document is scored
         case.dl = dl
         case.index = (case.ql, dl)
         # the queries all positive, so the largest positive values are the largest products
