@@ -145,9 +145,10 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
   // before the step's lengths are read, and the tile's slot gets its TileInfo and its arrival
   // once they are. The read's latency then leaves the first tile's path: the whole call, for a
   // call of one step a CTA. A tile loaded past a short document's rows is masked as a bounded
-  // load's stale rows are; a document without rows leaves its bytes unread.
-  constexpr bool kAhead = Policy::kBoundedLoads && !Policy::kPairRows && !Shape::kStream && !Shape::kWiden &&
-                          Shape::kScaleBytes == 0;
+  // load's stale rows are; a document without rows leaves its bytes unread. The byte shapes
+  // (forward_hopper_bytes.cuh) take it too, with the tile's row scales: the first row is k * Ld
+  // there as well, so the scales' box and the TileInfo's scale shift agree with the loop's.
+  constexpr bool kAhead = Policy::kBoundedLoads && !Policy::kPairRows && !Shape::kStream && !Shape::kWiden;
   bool query_ahead = false, tile_ahead = false;
   if constexpr (kAhead) {
     if (walk.more()) {
@@ -157,7 +158,9 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
       const int boxes = pol.Ld < BN ? static_cast<int>((pol.Ld + kBoxRows - 1) / kBoxRows) : 0;
       const int drow = static_cast<int>(next.k * pol.Ld);
       const uint32_t full = smem_addr(&sm.ring.full[0]), slot = smem_addr(sm.ring.slot[0]);
-      mbar_expect_tx(full, boxes > 0 ? Shape::kDocBlocks * uint32_t(boxes) * kBoxBytes : Shape::kDocBytes);
+      mbar_expect_tx(full, (boxes > 0 ? Shape::kDocBlocks * uint32_t(boxes) * kBoxBytes : Shape::kDocBytes) +
+                               Shape::kScaleBytes);
+      if constexpr (Shape::kScaleBytes > 0) tma_load_1d(smem_addr(sm.ring.scales[0]), smap, full, drow & ~3);
 #pragma unroll
       for (int kb = 0; kb < Shape::kDocBlocks; ++kb) {
         const uint32_t dst = slot + kb * BN * kRowBytes;
