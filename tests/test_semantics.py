@@ -203,6 +203,33 @@ def test_all_minus_inf_similarities_are_matched(device, surface, rng):
     assert argmax.flatten().tolist() == [0, 0, 0]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("surface", SURFACES)
+def test_signed_zero_similarities_tie(device, surface, dtype, rng):
+    """-0 and +0 are one value to the max, as to torch.max: a row whose best similarity is
+    zero, reached by a -0.0 document row and by a +0.0 one, takes the first of them whichever
+    sign comes first (every other row is negative); the score is zero."""
+    ms, dev = device
+    dim = 16
+    q = unit(rng, 1, 3, dim).abs() + 0.1
+    neg = -(unit(rng, 4, dim).abs() + 0.1)
+    z = torch.zeros(1, dim)
+    d = torch.cat([neg[:1], -z, z, neg[1:2], z, -z, neg[2:3], z, -z, neg[3:4]])  # zeros at 1, 2, 4, 5, 7, 8
+    n = d.shape[0]
+    q, d = q.to(dtype), d.to(dtype)
+    if surface == "padded":
+        case = Padded(q, d.reshape(1, 1, n, dim), ids([3]), ids([[n]]))
+    elif surface == "contrastive":
+        case = Contrastive(q, d, ids([0, n]))
+    elif surface == "contrastive_padded":
+        case = as_padded_documents(Contrastive(q, d, ids([0, n])))
+    else:
+        case = Packed(q[0], ids([0, 3]), d, ids([0, n]), ids([0]), ids([0]))
+    scores, argmax = case.to(dev).call(ms, "_with_argmax")
+    assert scores.flatten().tolist() == [0.0]
+    assert argmax.flatten().tolist() == [1, 1, 1]
+
+
 # ---- NaN and inf ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("where", ["document", "query", "both"])
