@@ -174,22 +174,21 @@ def workload_call(ms, name, layout, fmt=None):
     return lambda: W.maxsim_call(ms, x)
 
 
-def workload_rows(calls, env=None, note=""):
-    """Rows of compare.py workloads with float16 documents: (workload, layout) or (workload,
-    layout, row note) pairs, each named "<workload> <layout> float16<note>", under env."""
-    return [(f"{c[0]} {c[1]} float16{c[2] if len(c) > 2 else note}", env or {},
-             lambda ms, n=c[0], lay=c[1]: workload_call(ms, n, lay)) for c in calls]
+def workload_rows(calls, env=None, note="", fmt=None):
+    """Rows of compare.py workloads: (workload, layout) or (workload, layout, row note) pairs,
+    with float16 documents or (fmt) the same documents quantised, each named "<workload>
+    <layout> <fmt or float16><note>", under env."""
+    return [(f"{c[0]} {c[1]} {fmt or 'float16'}{c[2] if len(c) > 2 else note}", env or {},
+             lambda ms, n=c[0], lay=c[1]: workload_call(ms, n, lay, fmt)) for c in calls]
 
 
 # The sm_90a byte kernel (2026-11-26, ade1a10..9045904 and what follows it): the rerank rows of
 # issue 19 in each layout, int8 (float8 e4m3fn within a few percent of it in every run so far).
-BYTES = [
-    (f"{n} {lay} int8", {}, lambda ms, n=n, lay=lay: workload_call(ms, n, lay, "int8"))
-    for n, lay in (("HeavyRerank", "full"), ("HeavyRerank", "ragged"), ("HeavyRerankPacked", "ragged"),
-                   ("ColPaliRerank", "full"), ("ColPaliRerank", "ragged"), ("ColPaliRerankPacked", "ragged"),
-                   ("SingleQueryRerank", "full"), ("SingleQueryRerankPacked", "ragged"),
-                   ("LongDocStress", "full"), ("LongDocStressPacked", "ragged"), ("SmallRerank", "full"))
-]
+BYTES = workload_rows((("HeavyRerank", "full"), ("HeavyRerank", "ragged"), ("HeavyRerankPacked", "ragged"),
+                       ("ColPaliRerank", "full"), ("ColPaliRerank", "ragged"), ("ColPaliRerankPacked", "ragged"),
+                       ("SingleQueryRerank", "full"), ("SingleQueryRerankPacked", "ragged"),
+                       ("LongDocStress", "full"), ("LongDocStressPacked", "ragged"), ("SmallRerank", "full")),
+                      fmt="int8")
 
 # The byte kernel at 64 query rows (2026-11-28): each half's MMAs as two 32-column chains, a
 # fold under the next chain. LongDocStress in each layout (the split shape, one CTA an SM),
@@ -652,10 +651,9 @@ LATE_SIGNAL = [
 # one step a CTA in int8 (Lq 32 at both tile heights, Lq 64 on the split shape), e4m3 beside
 # the longest; then calls of many steps a CTA and the packed grid, which the change leaves.
 BYTES_FIRST_TILE = [
-    *((f"{n} {lay} {fmt}", {}, lambda ms, n=n, lay=lay, f=fmt: workload_call(ms, n, lay, f))
-      for n, lay, fmt in (("SmallRerank", "full", "int8"), ("SmallRerank", "ragged", "int8"),
-                          ("LongDocStress", "full", "int8"), ("LongDocStress", "ragged", "int8"),
-                          ("LongDocStress", "full", "float8_e4m3fn"))),
+    *workload_rows((("SmallRerank", "full"), ("SmallRerank", "ragged"), ("LongDocStress", "full"),
+                    ("LongDocStress", "ragged")), fmt="int8"),
+    *workload_rows((("LongDocStress", "full"),), fmt="float8_e4m3fn"),
     *padded_rows([
         ("32 x 1, Lq 32, Ld 180, int8 (32 steps)", {}, (32, 1, 32, 180, 128), torch.float16, "int8"),
         ("32 x 5, Lq 32, Ld 180, int8 (160 steps)", {}, (32, 5, 32, 180, 128), torch.float16, "int8"),
@@ -663,8 +661,8 @@ BYTES_FIRST_TILE = [
         ("8 x 16, Lq 64, Ld 256, int8 (split shape)", {}, (8, 16, 64, 256, 128), torch.float16, "int8"),
         ("32 x 10, Lq 32, Ld 1030, int8 (128-row tiles)", {}, (32, 10, 32, 1030, 128), torch.float16, "int8"),
     ]),
-    *((f"{n} {lay} int8 (control)", {}, lambda ms, n=n, lay=lay: workload_call(ms, n, lay, "int8"))
-      for n, lay in (("SingleQueryRerank", "full"), ("HeavyRerank", "full"), ("LongDocStressPacked", "ragged"))),
+    *workload_rows((("SingleQueryRerank", "full"), ("HeavyRerank", "full"), ("LongDocStressPacked", "ragged")),
+                   note=" (control)", fmt="int8"),
 ]
 
 GROUPS = {"spills": padded_rows(SPILLS_2026_11_26), "residual": padded_rows(RESIDUAL_PAIRS),
