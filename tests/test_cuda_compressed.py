@@ -97,12 +97,7 @@ class Case:
             self.ql = lengths(B, lq, gen, 3)
             self.dl = lengths(B * C, Ld, gen).view(B, C)
             self.width = lq
-            self.pairs = []
-            for b in range(B):
-                for c in range(C):
-                    qn, dn = int(self.ql[b]), int(self.dl[b, c])
-                    self.pairs.append((b * C + c, self.q[b, :qn], self.v[b, c, :dn], self.s[b, c, :dn], True))
-            self.index = (self.ql, self.dl)
+            self.set_padded_lengths(self.ql, self.dl)
         elif surface in ("contrastive", "contrastive_padded"):
             Nq, Nb = nq, nb
             self.q = make_queries((Nq, lq, D), qdtype, gen, integer)
@@ -151,6 +146,13 @@ class Case:
 
     def idx(self, t):
         return t.to(self.index_dtype).to(CUDA)
+
+    def set_padded_lengths(self, ql, dl):
+        """A padded case's query and document lengths, and the pairs the reference scores."""
+        self.ql, self.dl, self.index = ql, dl, (ql, dl)
+        B, C = dl.shape
+        self.pairs = [(b * C + c, self.q[b, :int(ql[b])], self.v[b, c, :int(dl[b, c])], self.s[b, c, :int(dl[b, c])],
+                       True) for b in range(B) for c in range(C)]
 
     def cuda_inputs(self):
         self.qc, self.vc, self.sc = self.q.to(CUDA), self.v.to(CUDA), self.s.contiguous().to(CUDA)
@@ -616,18 +618,13 @@ def test_sm90a_kernel_never_reads_padding_rows(ops, monkeypatch, fmt, lq, tile):
         case = Case("padded", fmt, torch.float16, 128, lq, gen, ld=ld)
         B, C = case.v.shape[:2]
         dl = torch.tensor([lens[i % len(lens)] for i in range(B * C)]).view(B, C)
-        case.ql = torch.tensor([lq, lq // 2 + 1, lq - 3])  # no empty query: every document is scored
-        case.dl = dl
-        case.index = (case.ql, dl)
-        # the queries all positive, so the largest positive values are the largest products
-        case.q = case.q.abs()
-        case.pairs = []
+        case.q = case.q.abs()  # all positive: the largest positive values make the largest products
         for b in range(B):
             for c in range(C):
-                dn = int(dl[b, c])
-                case.v[b, c, dn:] = torch.tensor(big).to(FORMATS[fmt])
-                case.s[b, c, dn:] = 1.0e6
-                case.pairs.append((b * C + c, case.q[b, :int(case.ql[b])], case.v[b, c, :dn], case.s[b, c, :dn], True))
+                case.v[b, c, dl[b, c]:] = torch.tensor(big).to(FORMATS[fmt])
+                case.s[b, c, dl[b, c]:] = 1.0e6
+        # no empty query: every document is scored
+        case.set_padded_lengths(torch.tensor([lq, lq // 2 + 1, lq - 3]), dl)
         (scores, argmax), names = kernel_names(lambda: run_case(ops, case, check_backward=False))
         assert any("hopper_bytes" in n for n in names), sorted(names)
         assert torch.isfinite(scores).logical_or(scores == float("-inf")).all(), scores
