@@ -48,6 +48,7 @@
 #include "hopper_primitives.cuh"
 #include "hopper_producer.cuh"
 #include "hopper_scheduler.cuh"
+#include "timeline.cuh"
 
 namespace maxsim_cuda {
 namespace kernel {
@@ -259,9 +260,11 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
     }
     int left;
     TileInfo info = next_tile(sm.ring, it, BN, left);
+    if (threadIdx.x == 0) timeline_stamp(kTlFirstTile);
     if (info.flags & kTileQuery) {  // the producer loaded a new query for this step
       const int buf = static_cast<int>(qround % 2);
       mbar_wait(smem_addr(&sm.qfull[buf]), (qround / 2) & 1);
+      if (threadIdx.x == 0) timeline_stamp(kTlQuery);
       ++qround;
       // every thread is past the last step's MMAs (its epilogue's barriers; split steps: the
       // step's end, where both warpgroups meet), so qperm is free
@@ -405,6 +408,7 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
       }
       if (info.flags & kTileLast) break;
     }
+    if (tid == 0) timeline_stamp(wg == 0 ? kTlChainEnd0 : kTlChainEnd1);
     // The step's column maxima: over the eight lanes of a column, then over the four warps
     // (eight for split steps; a call without argmax merges the maxima alone).
     float(&part_m)[W * 4][N] = sm.part_m[parts];
@@ -445,6 +449,10 @@ __device__ __forceinline__ void hopper_consume_bytes(HopperSmem<Shape>& sm, cons
       const StepDesc d = pol.step_at(qb, n, ok, 0, info.len, qlen0);
       finish_chunk<float, Shape::BM, 1, 128>(epi, d, 0, 1, carry, hp.ep, tid, sync);
     }
+    if (tid == 0) {
+      timeline_stamp(kTlEnd);
+      timeline_stamp_ns(kTlEndNs);
+    }
   }
 }
 
@@ -460,6 +468,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kCtasPerSm)
   auto& sm = *reinterpret_cast<HopperSmem<Shape>*>(smem_raw + pad);
   const StepRange range = walk_range<true>(hp.sets * hp.pol.Nb);
   if (range.begin >= range.end) return;
+  if (threadIdx.x == 0) timeline_start();
   hopper_init_barriers<Shape>(sm);
   if (uniform(threadIdx.x / 32) == Shape::kProducerWarp) {
     if (threadIdx.x % 32 == 0) hopper_produce<Shape>(sm, hp, range, &qmap, &dmap, &tmap, &smap);

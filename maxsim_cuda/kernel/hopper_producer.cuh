@@ -12,6 +12,7 @@
 #include "hopper_primitives.cuh"
 #include "hopper_scheduler.cuh"
 #include "policies.cuh"
+#include "timeline.cuh"
 
 namespace maxsim_cuda {
 namespace kernel {
@@ -171,6 +172,7 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
         }
       }
       tile_ahead = true;
+      timeline_stamp(kTlFirstIssue);
     }
   }
   while (walk.more()) {
@@ -250,6 +252,7 @@ __device__ __forceinline__ void hopper_produce(HopperSmem<Shape>& sm, const Hopp
         const uint32_t full = smem_addr(&sm.ring.full[stage]), slot = smem_addr(sm.ring.slot[stage]);
         mbar_wait(smem_addr(&sm.ring.empty[stage]), ((it / S) & 1) ^ 1);
         sm.ring.info[stage] = info;
+        if (it == 0) timeline_stamp(kTlFirstInfo);
         if (tile_ahead) {  // slot 0 holds this step's first rows already (kAhead)
           tile_ahead = false;
           mbar_arrive(full);
