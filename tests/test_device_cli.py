@@ -17,7 +17,7 @@ CLI = _load_source_module("maxsim_device_cli", REPO_ROOT / "tools" / "device" / 
 
 SUBCOMMANDS = (["suite"], ["sanitize"], ["bench", "compare"], ["bench", "compressed"],
                ["bench", "residual"], ["bench", "compat"], ["bench", "distributed"], ["ab"], ["profile"], ["script"],
-               ["wheels"])
+               ["harness"], ["wheels"])
 
 
 @pytest.mark.parametrize("words", [[]] + [list(w) for w in SUBCOMMANDS], ids=" ".join)
@@ -217,6 +217,32 @@ def test_script_runs_a_device_script_after_setup_with_its_arguments(monkeypatch,
         assert CLI.main(["script", bad]) == 2
     assert not seen and setups == [True]
     assert "is not a Python script" in capsys.readouterr().out
+
+
+def test_harness_compiles_with_the_defines_then_runs_each_variant(monkeypatch, capsys):
+    monkeypatch.setattr(CLI, "DRY_RUN", False)
+    seen = []
+    monkeypatch.setattr(CLI, "run", lambda cmd, **kw: seen.append((cmd, kw)) or 0)
+    monkeypatch.setattr(CLI, "setup", lambda *a, **kw: pytest.fail("a harness needs no package build"))
+    assert CLI.main(["harness", "timeline_bytes.cu", "--define", "MAXSIM_TIMELINE", "--variant", "pdl",
+                     "--variant", "nopdl=MAXSIM_CUDA_PDL=0", "--timeout", "60"]) == 0
+    (nvcc, nvcc_kw), (first, first_kw), (second, second_kw) = seen
+    nvcc = [str(c) for c in nvcc]
+    assert nvcc[0] == "nvcc" and "-DMAXSIM_TIMELINE" in nvcc and "-arch=sm_90a" in nvcc
+    assert nvcc[-1] == "tools/device/timeline_bytes.cu" and nvcc[nvcc.index("-o") + 1] == "/tmp/timeline_bytes"
+    assert nvcc_kw["log"] == "timeline_bytes.nvcc.log"
+    assert [str(c) for c in first] == [str(c) for c in second] == ["/tmp/timeline_bytes"]
+    assert (first_kw["env"], first_kw["log"], first_kw["timeout"]) == ({}, "timeline_bytes.pdl.jsonl", 60)
+    assert (second_kw["env"], second_kw["log"]) == ({"MAXSIM_CUDA_PDL": "0"}, "timeline_bytes.nopdl.jsonl")
+    seen.clear()
+    assert CLI.main(["harness", "timeline_bytes.cu", "--binary", "build/timeline_bytes"]) == 0
+    (cmd, kw), = seen   # a carried build: no nvcc
+    assert [str(c) for c in cmd] == ["build/timeline_bytes"] and kw["log"] == "timeline_bytes.default.jsonl"
+    seen.clear()
+    for bad in ("nothing_here.cu", "../../maxsim_cuda/dispatch.cu", "probe_small.py"):   # refused, nothing run
+        assert CLI.main(["harness", bad]) == 2
+    assert not seen
+    assert "is not a CUDA harness" in capsys.readouterr().out
 
 
 def test_no_build_still_builds_a_missing_cpu_variant(monkeypatch):

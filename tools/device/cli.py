@@ -13,8 +13,9 @@ tomlkit and the two peers, which `wheels` downloads here). For example, one devi
   python3 tools/device/cli.py ab --base .base         # A/B against a carried copy of a tree
   python3 tools/device/cli.py profile kernels split --ncu HeavyRerank-full:call:maxsim_forward
   python3 tools/device/cli.py script probe_small.py -- --shapes 5:1024 --sets 4
+  python3 tools/device/cli.py harness timeline_bytes.cu --define MAXSIM_TIMELINE
 
-Every subcommand but `wheels` first sources tools/device/setup.sh (installs .whl/*.whl into
+Every subcommand but `wheels` and `harness` (a torch-free program: nvcc, then the binary) first sources tools/device/setup.sh (installs .whl/*.whl into
 /tmp/site and puts it on PYTHONPATH; OUT defaults to /tmp/out), prints the GPU, and builds
 the CUDA variant (setup.sh's build_cuda, log in $OUT/build.log) unless --no-build. --archs
 picks the CUDA targets (default 9.0a, the local card, except `bench compare`: `all`, the
@@ -622,6 +623,31 @@ def cmd_script(args) -> int:
                     timeout=args.timeout), args.script)
 
 
+def cmd_harness(args) -> int:
+    """Compile one of tools/device's torch-free CUDA harnesses (gather_ceiling.cu,
+    pdl_placement.cu, timeline_bytes.cu, ...) with the package's flags and include paths plus
+    each --define, for --arch, then run it once per --variant (NAME=ENV=V[,ENV=V]; default: once
+    as it is). No package build and no wheels: the harnesses link only the CUDA runtime.
+    --binary runs a carried build of it instead of compiling here (a harness that includes a
+    kernel unit takes minutes of nvcc). Logs: $OUT/<stem>.nvcc.log, $OUT/<stem>.<variant>.jsonl."""
+    source = DEVICE / args.harness
+    if source.suffix != ".cu" or source.parent != DEVICE or not (ROOT / source).is_file():
+        print(f"cli.py harness: {args.harness!r} is not a CUDA harness in {DEVICE}", flush=True)
+        return 2
+    binary = Path(args.binary) if args.binary else Path("/tmp") / source.stem
+    if not args.binary:
+        cmd = ["nvcc", "-O3", "-std=c++17", "-DCUDA_KERNEL", "-DENABLE_FP8", *(f"-D{d}" for d in args.define),
+               "--expt-relaxed-constexpr", f"-arch=sm_{args.arch}", "-Imaxsim_cuda", "-Itools/include",
+               f"-I{DEVICE}", "-o", binary, source]
+        if (rc := note(run(cmd, log=f"{source.stem}.nvcc.log", tail=20), f"nvcc {source.name}")) != 0:
+            return rc
+    status = 0
+    for name, env in parse_variants(args.variant):
+        rc = run([binary], env=env, log=f"{source.stem}.{name}.jsonl", tail=12, timeout=args.timeout)
+        status |= note(rc, f"{source.stem} ({name})")
+    return status
+
+
 # ---- wheels --------------------------------------------------------------------------------
 
 def cmd_wheels(args) -> int:
@@ -752,6 +778,18 @@ def parser() -> argparse.ArgumentParser:
     q = add(sub, "script", cmd_script, "build, then a tools/device script (probes) with its arguments")
     q.add_argument("script", metavar="SCRIPT", help="a file name in tools/device, e.g. probe_small.py")
     q.add_argument("script_args", nargs="*", metavar="-- ARGS", help="passed to the script")
+
+    q = sub.add_parser("harness", help="compile and run a torch-free tools/device/*.cu harness",
+                       description=cmd_harness.__doc__, formatter_class=fmt)
+    q.add_argument("harness", metavar="HARNESS", help="a file name in tools/device, e.g. timeline_bytes.cu")
+    q.add_argument("--define", action="append", default=[], metavar="NAME[=V]",
+                   help="passed to nvcc as -DNAME[=V] (repeatable), e.g. MAXSIM_TIMELINE")
+    q.add_argument("--arch", default="90a", help="nvcc's -arch=sm_ARCH (default: 90a)")
+    q.add_argument("--binary", help="run this build of the harness (carried) instead of compiling")
+    q.add_argument("--variant", action="append", metavar="NAME[=ENV=V,...]",
+                   help="run once per variant with these environment settings (repeatable)")
+    q.add_argument("--timeout", type=int, help="seconds for each run (coreutils timeout)")
+    q.set_defaults(fn=cmd_harness)
 
     q = sub.add_parser("wheels", help="(here, with network) the wheels the GPU machine needs",
                        description=cmd_wheels.__doc__, formatter_class=fmt)

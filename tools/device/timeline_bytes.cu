@@ -10,10 +10,12 @@
 // library does (kernel::launch_forward_compressed, the default rules), and prints, per CTA and
 // over CTAs, when each event happened after the CTA's start. Torch-free; on the GPU machine:
 //
-//   nvcc -O3 -std=c++17 -DCUDA_KERNEL -DENABLE_FP8 -DMAXSIM_TIMELINE --expt-relaxed-constexpr \
-//        -arch=sm_90a -Imaxsim_cuda -Itools/include -Itools/device \
-//        -o /tmp/timeline_bytes tools/device/timeline_bytes.cu
-//   /tmp/timeline_bytes > $OUT/timeline_bytes.jsonl     # JSON lines, seconds
+//   python3 tools/device/cli.py harness timeline_bytes.cu --define MAXSIM_TIMELINE \
+//       --variant pdl --variant nopdl=MAXSIM_CUDA_PDL=0 --variant nosplit=MAXSIM_CUDA_HOPPER_BYTES_SPLIT=0
+//
+// (nvcc with the package's flags and -DMAXSIM_TIMELINE, then one run a variant: JSON lines,
+// seconds, in $OUT/timeline_bytes.<variant>.jsonl). The compile takes minutes (the whole
+// forward_fp16_int8.cu unit); `--binary` runs a build carried from elsewhere instead.
 //
 // Modes: `alone` (one launch after a synchronise: nothing before it, documents in L2 from the
 // warm-up), `stream` (the last of 20 launches back to back on one stream, as graph replay runs
